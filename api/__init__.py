@@ -1,0 +1,1 @@
+"""The HTTP edge: OpenAI-compatible routes, admission, SSE from Redis, health."""

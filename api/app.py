@@ -1,0 +1,76 @@
+"""The FastAPI application and its lifecycle (set up in order, torn down in reverse)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from api import errors, health, openai_routes
+from api.admission import Admission, ServedModel
+from api.predictor import PriorPredictor
+from api.replies import ReplyRouter
+from api.settings import ApiSettings
+from api.state import ApiState
+from api.tokenize import PromptTokenizer
+from queues.connection import check_redis, connect, connect_blocking
+from queues.keys import Keys
+from tailcut.errors import ServiceUnavailableError
+from tailcut.logs import log_event
+from tailcut.models import max_model_len, resolve_model, served_name
+
+log = logging.getLogger("tailcut.api")
+
+# How long start-up waits for the reply-channel subscription before serving 503s until it exists.
+SUBSCRIBE_WAIT_S = 5.0
+
+
+def create_app(settings: ApiSettings, *, model_dir: Path | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        folder = model_dir or resolve_model(settings.model, settings.cache_dir)
+        model = ServedModel(
+            name=served_name(folder, settings.served_model_name),
+            max_model_len=settings.max_model_len or max_model_len(folder),
+        )
+        tokenizer = PromptTokenizer(folder, num_threads=settings.tokenizer_threads)
+        keys = Keys(settings.key_prefix)
+        redis = connect(settings.redis_url, timeout_s=settings.redis_timeout_s)
+        pubsub_redis = connect_blocking(settings.redis_url, block_s=1.0, connect_timeout_s=settings.redis_timeout_s)
+        try:
+            await check_redis(redis)
+        except ServiceUnavailableError as exc:
+            # Start anyway: requests get a clear 503 and /readyz says why until Redis is back.
+            log_event(log, "redis_unavailable_at_start", logging.WARNING, error=exc.message)
+        router = ReplyRouter(redis, pubsub_redis, keys, settings.api_id, poll_max_s=settings.reply_poll_max_s)
+        await router.start(wait_s=SUBSCRIBE_WAIT_S)
+        state = ApiState(
+            settings=settings,
+            keys=keys,
+            redis=redis,
+            pubsub_redis=pubsub_redis,
+            router=router,
+            tokenizer=tokenizer,
+            admission=Admission(settings, tokenizer, model, PriorPredictor()),
+            model=model,
+        )
+        app.state.tailcut = state
+        log_event(log, "api_started", api_id=settings.api_id, model=model.name, max_model_len=model.max_model_len)
+        try:
+            yield
+        finally:
+            await state.wait_background()
+            await router.stop()
+            await pubsub_redis.aclose()
+            await redis.aclose()
+            tokenizer.close()
+            log_event(log, "api_stopped", api_id=settings.api_id)
+
+    app = FastAPI(title="tailcut", version="0.1.0", lifespan=lifespan)
+    errors.install(app)
+    app.include_router(health.router)
+    app.include_router(openai_routes.router)
+    return app

@@ -1,0 +1,65 @@
+"""The one place errors become HTTP: an OpenAI-shaped body and the right status, never a traceback."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.responses import OrjsonResponse
+from tailcut.errors import TailcutError
+from tailcut.logs import log_event
+
+log = logging.getLogger("tailcut.api")
+
+
+def error_body(message: str, error_type: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def error_response(exc: TailcutError, headers: dict[str, str] | None = None) -> OrjsonResponse:
+    return OrjsonResponse(
+        error_body(exc.message, exc.error_type, param=exc.param, code=exc.code),
+        status_code=exc.status_code,
+        headers=headers,
+    )
+
+
+def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', 'parse error')}", None
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    if first.get("type") == "missing":
+        return f"missing required field `{param}`", param
+    message = first.get("msg", "invalid value")
+    if param:
+        message = f"`{param}`: {message}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return message, param
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(TailcutError)
+    async def _tailcut_error(_request: Request, exc: TailcutError) -> OrjsonResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> OrjsonResponse:
+        message, param = _describe_validation(list(exc.errors()))
+        return OrjsonResponse(error_body(message, "invalid_request_error", param=param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> OrjsonResponse:
+        error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return OrjsonResponse(error_body(str(exc.detail), error_type), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> OrjsonResponse:
+        log_event(log, "unexpected_error", logging.ERROR, error=repr(exc))
+        return OrjsonResponse(error_body("internal error; see the server log", "internal_error"), status_code=500)

@@ -1,0 +1,41 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from redis.exceptions import RedisError
+
+from api.responses import OrjsonResponse
+from api.state import ApiState
+
+# A worker whose last heartbeat is older than this does not count as serving.
+WORKER_FRESH_S = 5.0
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz() -> OrjsonResponse:
+    """The process is up and its event loop answers."""
+    return OrjsonResponse({"status": "ok"})
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> OrjsonResponse:
+    """Ready to take traffic: Redis answers, the reply channel is subscribed, a worker is alive."""
+    state: ApiState = request.app.state.tailcut
+    problems: list[str] = []
+    workers = 0
+    try:
+        await state.redis.ping()
+        workers = int(await state.redis.zcount(state.keys.workers, time.time() - WORKER_FRESH_S, "+inf"))
+    except RedisError as exc:
+        problems.append(f"redis: {exc}")
+    if not state.router.ready:
+        problems.append("reply channel not subscribed")
+    if not workers and not problems:
+        problems.append("no live worker")
+    body = {"ready": not problems, "workers": workers, "model": state.model.name, "problems": problems}
+    return OrjsonResponse(body, status_code=200 if not problems else 503)

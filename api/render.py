@@ -1,0 +1,134 @@
+"""Output events rendered as OpenAI chat or text completion objects (chunks and whole bodies)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from queues.messages import OutputEvent
+
+
+class Renderer:
+    """Shapes one request's output; subclasses pick chat or text completion."""
+
+    object_chunk = ""
+    object_whole = ""
+    id_prefix = ""
+
+    def __init__(self, request_id: str, model: str, *, return_token_ids: bool, include_usage: bool) -> None:
+        self.id = f"{self.id_prefix}{request_id}"
+        self.model = model
+        self.created = int(time.time())
+        self.return_token_ids = return_token_ids
+        self.include_usage = include_usage
+
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": self.object_chunk,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
+        if self.include_usage:
+            body["usage"] = None
+        return body
+
+    def opening(self) -> dict[str, Any] | None:
+        return None
+
+    def content(self, event: OutputEvent) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def finish(self, event: OutputEvent) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def usage_chunk(self, event: OutputEvent) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": self.object_chunk,
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage(event),
+        }
+
+    def whole(self, text: str, token_ids: list[int], final: OutputEvent) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+def usage(event: OutputEvent) -> dict[str, int]:
+    prompt = event.prompt_tokens or 0
+    completion = event.completion_tokens or 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+class ChatRenderer(Renderer):
+    object_chunk = "chat.completion.chunk"
+    object_whole = "chat.completion"
+    id_prefix = "chatcmpl-"
+
+    def opening(self) -> dict[str, Any]:
+        return self._chunk(
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        )
+
+    def content(self, event: OutputEvent) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": {"content": event.text},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        if self.return_token_ids:
+            choice["token_ids"] = event.token_ids
+        return self._chunk(choice)
+
+    def finish(self, event: OutputEvent) -> dict[str, Any]:
+        return self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": event.finish_reason})
+
+    def whole(self, text: str, token_ids: list[int], final: OutputEvent) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": final.finish_reason,
+        }
+        if self.return_token_ids:
+            choice["token_ids"] = token_ids
+        return {
+            "id": self.id,
+            "object": self.object_whole,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage(final),
+        }
+
+
+class CompletionRenderer(Renderer):
+    object_chunk = "text_completion"
+    object_whole = "text_completion"
+    id_prefix = "cmpl-"
+
+    def content(self, event: OutputEvent) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "text": event.text, "logprobs": None, "finish_reason": None}
+        if self.return_token_ids:
+            choice["token_ids"] = event.token_ids
+        return self._chunk(choice)
+
+    def finish(self, event: OutputEvent) -> dict[str, Any]:
+        return self._chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": event.finish_reason})
+
+    def whole(self, text: str, token_ids: list[int], final: OutputEvent) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": final.finish_reason}
+        if self.return_token_ids:
+            choice["token_ids"] = token_ids
+        return {
+            "id": self.id,
+            "object": self.object_whole,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage(final),
+        }

@@ -1,0 +1,40 @@
+"""What the API's routes share for the life of the process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from api.admission import Admission, ServedModel
+from api.replies import ReplyRouter
+from api.settings import ApiSettings
+from api.tokenize import PromptTokenizer
+from queues.keys import Keys
+
+
+@dataclass
+class ApiState:
+    settings: ApiSettings
+    keys: Keys
+    redis: aioredis.Redis
+    pubsub_redis: aioredis.Redis
+    router: ReplyRouter
+    tokenizer: PromptTokenizer
+    admission: Admission
+    model: ServedModel
+    _background: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` detached from the request (for example a cancel sent while the request is
+        being torn down), keeping a reference until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def wait_background(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)

@@ -1,0 +1,44 @@
+"""Tokenizing prompts once, at admission, with the served model's own tokenizer.
+
+Tokenizing a long prompt takes milliseconds of CPU; it runs in a bounded thread pool so the event
+loop keeps serving other clients' streams meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+
+class PromptTokenizer:
+    def __init__(self, model_dir: Path, *, num_threads: int) -> None:
+        from transformers import AutoTokenizer
+
+        self._tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
+        self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="tokenize")
+        self.vocab_size: int = len(self._tokenizer)
+        self.eos_token_id: int | None = self._tokenizer.eos_token_id
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self._tokenizer, "chat_template", None))
+
+    def _encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def _encode_text(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=True))
+
+    async def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._encode_chat, messages)
+
+    async def encode_text(self, text: str) -> list[int]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._encode_text, text)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

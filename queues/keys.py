@@ -1,0 +1,66 @@
+"""Every Redis key and channel tailcut uses, built in one place.
+
+Nobody else builds key strings: a renamed key changes here and nowhere else. Each name carries a
+comment saying why it exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Tier = Literal["realtime", "normal", "background"]
+Bucket = Literal["short", "medium", "long"]
+
+TIERS: tuple[Tier, ...] = ("realtime", "normal", "background")
+BUCKETS: tuple[Bucket, ...] = ("short", "medium", "long")
+
+# Consumer group every worker joins on every intake stream; one group means each entry runs once.
+WORKER_GROUP = "workers"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key names under one prefix (default ``tc:``), so several deployments can share a Redis."""
+
+    prefix: str = "tc:"
+
+    def intake(self, tier: Tier, bucket: Bucket) -> str:
+        # One stream per (tier, bucket) so a worker can pick the most urgent, shortest work first.
+        return f"{self.prefix}q:{tier}:{bucket}"
+
+    def intake_all(self) -> list[str]:
+        """Every intake stream, most urgent first (tier order, then short before long)."""
+        return [self.intake(t, b) for t in TIERS for b in BUCKETS]
+
+    def output(self, request_id: str) -> str:
+        # Durable, sequence-numbered copy of a request's events: gap fill and Last-Event-ID replay.
+        return f"{self.prefix}out:{request_id}"
+
+    def reply_channel(self, api_id: str) -> str:
+        # Live pub/sub channel of one API process; subscribed once per process, never per request.
+        return f"{self.prefix}reply:{api_id}"
+
+    @property
+    def cancel_channel(self) -> str:
+        # Broadcast of cancelled request ids; the worker running one aborts it in the engine.
+        return f"{self.prefix}cancel"
+
+    def cancelled(self, request_id: str) -> str:
+        # Tombstone for a cancelled request, so a worker that picks it up later does not run it.
+        return f"{self.prefix}cancelled:{request_id}"
+
+    @property
+    def workers(self) -> str:
+        # Sorted set of live workers scored by their last heartbeat (epoch seconds): readiness.
+        return f"{self.prefix}workers"
+
+    @property
+    def dead_letter(self) -> str:
+        # Requests that will not run (expired, too many deliveries), with the reason.
+        return f"{self.prefix}dlq"
+
+    @property
+    def events(self) -> str:
+        # Operator-facing event log: breaker trips, scale-up signals, degradations.
+        return f"{self.prefix}events"

@@ -1,0 +1,103 @@
+"""Message schemas that travel through Redis, serialized with orjson.
+
+A ``RequestMessage`` is one intake stream entry (field ``d``); an ``OutputEvent`` is one entry of a
+request's output stream and one element of a reply-channel batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from queues.keys import Bucket, Tier
+
+EventType = Literal["chunk", "degraded", "final", "error"]
+TERMINAL_EVENTS: frozenset[str] = frozenset({"final", "error"})
+
+
+@dataclass(slots=True)
+class SamplingSpec:
+    """Engine-neutral sampling parameters (the OpenAI fields plus the vLLM extensions clients send)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+
+@dataclass(slots=True)
+class RequestMessage:
+    """One request as the API enqueued it; a continuation carries the tokens generated so far."""
+
+    id: str
+    tenant: str
+    tier: Tier
+    bucket: Bucket
+    prompt_token_ids: list[int]
+    sampling: SamplingSpec
+    predicted_output_tokens: int
+    enqueued_at_ms: int
+    deadline_ms: int
+    reply_to: str
+    attempt: int = 0
+    idempotency_key: str | None = None
+    # Continuations (preempted or sliced requests) resume from here.
+    slice_index: int = 0
+    generated_token_ids: list[int] = field(default_factory=list)
+    next_seq: int = 1
+
+    def dumps(self) -> bytes:
+        return orjson.dumps(self)
+
+    @classmethod
+    def loads(cls, data: bytes) -> RequestMessage:
+        raw: dict[str, Any] = orjson.loads(data)
+        raw["sampling"] = SamplingSpec(**raw["sampling"])
+        return cls(**raw)
+
+
+@dataclass(slots=True)
+class OutputEvent:
+    """One sequence-numbered event of a request's output; ``seq`` starts at 1 and has no holes."""
+
+    rid: str
+    seq: int
+    type: EventType
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.type in TERMINAL_EVENTS
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> OutputEvent:
+        return cls(**raw)
+
+
+def dumps_events(events: list[OutputEvent]) -> bytes:
+    return orjson.dumps(events)
+
+
+def loads_events(data: bytes) -> list[OutputEvent]:
+    return [OutputEvent.from_dict(raw) for raw in orjson.loads(data)]

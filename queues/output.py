@@ -1,0 +1,133 @@
+"""Output events: durable in ``tc:out:{id}``, live on the owning API's ``tc:reply:{api_id}``.
+
+Every event is written to the request's output stream under the explicit stream id ``0-{seq}``, so
+the stream doubles as an index by sequence number (a replay from ``seq`` is one XRANGE) and a
+second write of the same position is refused by Redis itself. Pub/sub is at-most-once and only
+ever a second copy: the API fills gaps from the stream.
+
+Events produced in the same event-loop turn are flushed together: one pipeline, one PUBLISH per API
+instance carrying every chunk of that turn, which is what lets one API process take tens of
+thousands of chunks per second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from queues.keys import Keys
+from queues.messages import OutputEvent, dumps_events
+
+EVENT_FIELD = b"e"
+log = logging.getLogger("tailcut.output")
+
+
+def stream_id(seq: int) -> str:
+    return f"0-{seq}"
+
+
+class OutputWriter:
+    """Buffers events and writes them in batches from one background task.
+
+    While Redis is down the writer retries with backoff instead of dropping events: a worker that
+    cannot record its output must not acknowledge the request either.
+    """
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, *, ttl_s: int) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._ttl_s = ttl_s
+        self._pending: list[tuple[str, OutputEvent]] = []
+        self._num_emitted = 0
+        self._num_written = 0
+        self._wakeup = asyncio.Event()
+        self._written = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="output-writer")
+
+    async def close(self) -> None:
+        """Write what is buffered, then stop."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+
+    def emit(self, reply_to: str, event: OutputEvent) -> None:
+        self._pending.append((reply_to, event))
+        self._num_emitted += 1
+        self._wakeup.set()
+
+    async def flush(self) -> None:
+        """Wait until every event emitted so far is in Redis (before an XACK, say)."""
+        target = self._num_emitted
+        async with self._written:
+            await self._written.wait_for(lambda: self._num_written >= target)
+
+    async def _run(self) -> None:
+        while not (self._closing and not self._pending):
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if not self._pending:
+                continue
+            batch, self._pending = self._pending, []
+            await self._write(batch)
+            self._num_written += len(batch)
+            async with self._written:
+                self._written.notify_all()
+
+    async def _write(self, batch: list[tuple[str, OutputEvent]]) -> None:
+        delay_s = 0.05
+        while True:
+            try:
+                results = await self._write_once(batch)
+                break
+            except RedisError as exc:
+                log.warning("output_write_retry error=%s events=%d", exc, len(batch))
+                await asyncio.sleep(delay_s)
+                delay_s = min(1.0, delay_s * 2)
+        for result in results:
+            # A position already written (a re-run after redelivery) is refused by Redis: that is the
+            # de-duplication working, not an error.
+            if isinstance(result, ResponseError) and "equal or smaller" not in str(result):
+                log.error("output_write_error error=%s", result)
+
+    async def _write_once(self, batch: list[tuple[str, OutputEvent]]) -> list[object]:
+        by_channel: dict[str, list[OutputEvent]] = defaultdict(list)
+        touched: set[str] = set()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for reply_to, event in batch:
+                key = self._keys.output(event.rid)
+                pipe.xadd(key, {EVENT_FIELD: orjson.dumps(event)}, id=stream_id(event.seq))
+                touched.add(key)
+                by_channel[reply_to].append(event)
+            for key in touched:
+                pipe.expire(key, self._ttl_s)
+            for reply_to, events in by_channel.items():
+                pipe.publish(self._keys.reply_channel(reply_to), dumps_events(events))
+            results: list[object] = await pipe.execute(raise_on_error=False)
+        return results
+
+
+async def read_output(
+    redis: aioredis.Redis, keys: Keys, request_id: str, *, from_seq: int, to_seq: int | None = None
+) -> list[OutputEvent]:
+    """Events of ``request_id`` with ``from_seq <= seq <= to_seq`` from the durable output stream."""
+    end = stream_id(to_seq) if to_seq is not None else "+"
+    rows = await redis.xrange(keys.output(request_id), min=stream_id(from_seq), max=end)
+    return [OutputEvent.from_dict(orjson.loads(fields[EVENT_FIELD])) for _id, fields in rows]
+
+
+async def cancel(redis: aioredis.Redis, keys: Keys, request_id: str, *, ttl_s: int) -> None:
+    """Tell every worker that ``request_id`` is cancelled; the tombstone covers not-yet-started work."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.set(keys.cancelled(request_id), b"1", ex=ttl_s)
+        pipe.publish(keys.cancel_channel, request_id.encode())
+        await pipe.execute()

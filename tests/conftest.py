@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tailcut.models import build_tiny
+
+REDIS_URL = os.environ.get("TAILCUT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Small KV cache for the shared test engine: 16 MiB holds 2,048 tokens of the tiny model (8 KiB each).
+TEST_KV_CACHE_BYTES = 64 * 1024 * 1024
+TEST_MAX_MODEL_LEN = 2048
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
+    try:
+        client.ping()
+    except redis.ConnectionError as exc:
+        pytest.fail(f"tests need Redis at {REDIS_URL} (.ci/run starts one): {exc}")
+    finally:
+        client.close()
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+async def engine(tiny_model: Path) -> AsyncIterator[object]:
+    """One real vLLM engine (CPU, tiny model) shared by every test of the session."""
+    from workers.engines.vllm_engine import VllmEngine
+    from workers.settings import EngineSettings
+
+    started = VllmEngine.start(
+        tiny_model,
+        EngineSettings(kv_cache_memory_bytes=TEST_KV_CACHE_BYTES, max_num_seqs=32),
+        max_model_len=TEST_MAX_MODEL_LEN,
+    )
+    yield started
+    await started.shutdown()
+
+
+@pytest.fixture
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,176 @@
+"""The whole path with the real vLLM engine on CPU: HTTP → Redis → worker → engine → Redis → HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+
+from api.tokenize import PromptTokenizer
+from queues.messages import SamplingSpec
+from queues.output import read_output
+from tests.sse import DONE, finish_reasons, stream_events, streamed_token_ids
+from tests.stack import running_stack
+from workers.engines.vllm_engine import VllmEngine
+
+pytestmark = pytest.mark.engine
+
+
+async def reference_ids(engine: VllmEngine, prompt_ids: list[int], max_tokens: int, request_id: str) -> list[int]:
+    """Greedy output of the engine itself for the same prompt, outside tailcut."""
+    ids: list[int] = []
+    spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    async for delta in engine.generate(request_id, prompt_ids, spec, priority=0):
+        ids += delta.token_ids
+    return ids
+
+
+async def test_sixteen_concurrent_streams_each_get_every_token_once_in_order(
+    redis_url: str, tiny_model: Path, engine: VllmEngine
+) -> None:
+    tokenizer = PromptTokenizer(tiny_model, num_threads=2)
+    prompts = [f"question {index}: what is the tail latency of queue {index}?" for index in range(16)]
+    max_tokens = [24 + 2 * index for index in range(16)]
+    async with running_stack(redis_url, tiny_model, engine) as stack:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
+            bodies = [
+                {
+                    "model": "tiny",
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": limit,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "return_token_ids": True,
+                    "stream_options": {"include_usage": True},
+                }
+                for prompt, limit in zip(prompts, max_tokens, strict=True)
+            ]
+            streams = await asyncio.gather(*(stream_events(client, "/v1/chat/completions", body) for body in bodies))
+    for index, (prompt, limit, events) in enumerate(zip(prompts, max_tokens, streams, strict=True)):
+        prompt_ids = await tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        expected = await reference_ids(engine, prompt_ids, limit, f"reference-{index}")
+        assert streamed_token_ids(events) == expected
+        assert finish_reasons(events) == ["length"]
+        assert events[-1] == DONE and events.count(DONE) == 1
+        usage = events[-2]["usage"]
+        assert usage == {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": limit,
+            "total_tokens": len(prompt_ids) + limit,
+        }
+        text = "".join(event["choices"][0]["delta"].get("content", "") for event in events[:-2])
+        assert text == tokenizer._tokenizer.decode(expected)
+    tokenizer.close()
+
+
+async def test_official_openai_client_streams_from_tailcut(
+    redis_url: str, tiny_model: Path, engine: VllmEngine
+) -> None:
+    async with running_stack(redis_url, tiny_model, engine) as stack:
+        client = AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="unused")
+        stream = await client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hello there"}],
+            max_tokens=20,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True, "tier": "realtime"},
+        )
+        chunks = [chunk async for chunk in stream]
+        completion = await client.completions.create(
+            model="tiny", prompt="the queue", max_tokens=7, extra_body={"ignore_eos": True}
+        )
+        models = await client.models.list()
+        await client.close()
+    content = [chunk.choices[0].delta.content for chunk in chunks if chunk.choices and chunk.choices[0].delta.content]
+    assert len(content) >= 1
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 20
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "length"
+    assert completion.usage is not None and completion.usage.completion_tokens == 7
+    assert completion.choices[0].finish_reason == "length"
+    assert [model.id for model in models.data] == ["tiny"]
+
+
+async def test_client_disconnect_aborts_the_engine_request_within_one_second(
+    redis_url: str, tiny_model: Path, engine: VllmEngine
+) -> None:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "write forever"}],
+        "max_tokens": 1900,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    async with running_stack(redis_url, tiny_model, engine) as stack:
+        worker = stack.workers[0]
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                request_id = response.headers["x-tailcut-request-id"]
+                lines = 0
+                async for line in response.aiter_lines():
+                    lines += line.startswith("data: ")
+                    if lines == 5:
+                        break
+                assert engine.num_unfinished() == 1
+            left_at = time.monotonic()
+        while engine.num_unfinished() or worker.running_ids:
+            assert time.monotonic() - left_at < 1.0, "the engine request was not aborted within 1 s"
+            await asyncio.sleep(0.01)
+        events = await read_output(stack.redis, stack.keys, request_id, from_seq=1)
+    terminal = [event for event in events if event.terminal]
+    assert [(event.type, event.error_code) for event in terminal] == [("error", "cancelled")]
+    generated = sum(len(event.token_ids) for event in events)
+    assert generated < 1900
+
+
+async def test_two_workers_in_one_group_serve_32_requests_once_each(
+    redis_url: str, tiny_model: Path, engine: VllmEngine
+) -> None:
+    async def one(client: httpx.AsyncClient, index: int) -> dict[str, Any]:
+        response = await client.post(
+            "/v1/completions",
+            json={"model": "tiny", "prompt": f"job {index}", "max_tokens": 8, "ignore_eos": True},
+        )
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    async with running_stack(redis_url, tiny_model, engine, num_workers=2) as stack:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
+            bodies = await asyncio.gather(*(one(client, index) for index in range(32)))
+        # A response leaves as soon as the final event is in Redis; the XACK follows right after.
+        while sum(len(worker.served_ids) for worker in stack.workers) < 32:
+            await asyncio.sleep(0.01)
+        served = [set(worker.served_ids) for worker in stack.workers]
+        pending = [await stack.redis.xpending(stream, "workers") for stream in stack.keys.intake_all()]
+    request_ids = {body["id"].removeprefix("cmpl-") for body in bodies}
+    assert len(request_ids) == 32
+    assert all(body["usage"]["completion_tokens"] == 8 for body in bodies)
+    assert served[0].isdisjoint(served[1]), "a request was served by both workers"
+    assert served[0] | served[1] == request_ids
+    assert len(served[0]) + len(served[1]) == 32
+    assert all(entry["pending"] == 0 for entry in pending)
+
+
+async def test_non_streaming_chat_returns_one_body_with_usage(
+    redis_url: str, tiny_model: Path, engine: VllmEngine
+) -> None:
+    async with running_stack(redis_url, tiny_model, engine) as stack:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
+            response = await client.post(
+                "/v1/chat/completions",
+                headers={"X-Tailcut-Tier": "background"},
+                json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "ignore_eos": True},
+            )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 5

@@ -1,0 +1,102 @@
+"""Bad input gets a clear OpenAI-shaped error and the right status; a dead Redis gets a fast 503."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import TEST_MAX_MODEL_LEN
+from tests.stack import private_redis_server, running_stack
+
+CHAT = "/v1/chat/completions"
+HELLO = [{"role": "user", "content": "hello"}]
+
+CASES: list[tuple[str, str, dict[str, Any] | bytes, dict[str, str], int, str, str | None]] = [
+    # (name, path, body, headers, status, words in the message, param)
+    ("malformed json", CHAT, b'{"messages": [', {}, 400, "not valid JSON", None),
+    ("wrong type", CHAT, {"messages": HELLO, "max_tokens": "lots"}, {}, 400, "valid integer", "max_tokens"),
+    ("missing messages", CHAT, {"model": "tiny"}, {}, 400, "missing required field `messages`", "messages"),
+    ("empty messages", CHAT, {"messages": []}, {}, 400, "at least 1 item", "messages"),
+    (
+        "empty content",
+        CHAT,
+        {"messages": [{"role": "user", "content": "  "}]},
+        {},
+        400,
+        "every message is empty",
+        "messages",
+    ),
+    ("unknown role", CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, {}, 400, "'system'", "messages.0.role"),
+    (
+        "max_tokens zero",
+        CHAT,
+        {"messages": HELLO, "max_tokens": 0},
+        {},
+        400,
+        "greater than or equal to 1",
+        "max_tokens",
+    ),
+    ("unknown tier", CHAT, {"messages": HELLO, "tier": "urgent"}, {}, 400, "unknown tier 'urgent'", "tier"),
+    ("unknown tier header", CHAT, {"messages": HELLO}, {"X-Tailcut-Tier": "vip"}, 400, "X-Tailcut-Tier", "tier"),
+    (
+        "over context",
+        CHAT,
+        {"messages": HELLO, "max_tokens": TEST_MAX_MODEL_LEN},
+        {},
+        400,
+        "maximum context length",
+        "max_tokens",
+    ),
+    ("unknown model", CHAT, {"model": "gpt-9", "messages": HELLO}, {}, 404, "'gpt-9' does not exist", "model"),
+    ("n above one", CHAT, {"messages": HELLO, "n": 2}, {}, 400, "n > 1", "n"),
+    ("empty prompt", "/v1/completions", {"prompt": ""}, {}, 400, "prompt is empty", "prompt"),
+    ("token out of vocab", "/v1/completions", {"prompt": [1, 999999]}, {}, 400, "outside the vocabulary", "prompt"),
+    ("many prompts", "/v1/completions", {"prompt": ["a", "b"]}, {}, 400, "one prompt per request", "prompt"),
+    ("no such route", "/v1/embeddings", {"input": "x"}, {}, 404, "Not Found", None),
+]
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_every_bad_input_gets_its_status_and_a_message_that_says_what_to_fix(
+    redis_url: str, tiny_model: Path
+) -> None:
+    async with running_stack(redis_url, tiny_model, None, max_model_len=TEST_MAX_MODEL_LEN) as stack:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as client:
+            for name, path, body, headers, status, words, param in CASES:
+                if isinstance(body, bytes):
+                    response = await client.post(path, content=body, headers={"content-type": "application/json"})
+                else:
+                    response = await client.post(path, json=body, headers=headers)
+                assert response.status_code == status, (name, response.text)
+                error = response.json()["error"]
+                assert set(error) == {"message", "type", "param", "code"}, name
+                assert words in error["message"], (name, error["message"])
+                assert error["param"] == param, (name, error)
+        # Nothing above was enqueued: every refusal happened before the XADD.
+        assert all([await stack.redis.xlen(stream) == 0 for stream in stack.keys.intake_all()])
+
+
+async def test_redis_down_gives_503_within_one_second(tiny_model: Path, free_port: int) -> None:
+    with private_redis_server(free_port) as server:
+        async with running_stack(server.url, tiny_model, None) as stack:
+            async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as client:
+                server.kill()
+                for path in (CHAT, "/v1/completions"):
+                    body = {"messages": HELLO} if path == CHAT else {"prompt": "hello"}
+                    started = time.monotonic()
+                    response = await client.post(path, json=body)
+                    elapsed_s = time.monotonic() - started
+                    assert response.status_code == 503, response.text
+                    assert response.json()["error"]["code"] == "service_unavailable"
+                    assert elapsed_s < 1.0
+                ready = await client.get("/readyz")
+                assert ready.status_code == 503
+                assert ready.json()["ready"] is False

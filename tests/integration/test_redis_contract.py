@@ -1,0 +1,169 @@
+"""The Redis contract on a real Redis: gap fill, de-duplication, group recovery, eviction policy."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+
+from api.replies import ReplyRouter
+from queues import intake
+from queues.connection import check_redis, connect, connect_blocking
+from queues.keys import Keys
+from queues.messages import OutputEvent, RequestMessage, SamplingSpec, dumps_events
+from queues.output import EVENT_FIELD, OutputWriter, read_output, stream_id
+from tailcut.errors import ConfigError
+from tests.stack import private_redis_server, unique_prefix
+
+API_ID = "api-under-test"
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = connect(redis_url, timeout_s=1.0)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def router(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[ReplyRouter]:
+    pubsub = connect_blocking(redis_url, block_s=1.0, connect_timeout_s=1.0)
+    replies = ReplyRouter(redis, pubsub, Keys(unique_prefix()), API_ID, poll_max_s=0.5)
+    await replies.start(wait_s=5)
+    assert replies.ready
+    yield replies
+    await replies.stop()
+    await pubsub.aclose()
+
+
+def chunk_events(request_id: str, count: int) -> list[OutputEvent]:
+    events = [
+        OutputEvent(rid=request_id, seq=seq, type="chunk", text=f"t{seq}", token_ids=[seq]) for seq in range(1, count)
+    ]
+    return [*events, OutputEvent(rid=request_id, seq=count, type="final", finish_reason="stop")]
+
+
+async def store(redis: aioredis.Redis, keys: Keys, events: list[OutputEvent]) -> None:
+    for event in events:
+        await redis.xadd(keys.output(event.rid), {EVENT_FIELD: orjson.dumps(event)}, id=stream_id(event.seq))
+
+
+async def collect(router: ReplyRouter, request_id: str) -> list[OutputEvent]:
+    stream = router.open(request_id)
+    try:
+        return [event async for event in stream.events()]
+    finally:
+        stream.close()
+
+
+async def test_dropped_pubsub_messages_are_filled_from_the_output_stream(
+    redis: aioredis.Redis, router: ReplyRouter
+) -> None:
+    keys = router._keys
+    events = chunk_events("req-gap", 6)
+    await store(redis, keys, events)
+    reader = asyncio.create_task(collect(router, "req-gap"))
+    await asyncio.sleep(0.05)
+    # Positions 3 and 4 are "lost" on pub/sub; 5 arrives twice.
+    for seq in (1, 2, 5, 5, 6):
+        await redis.publish(keys.reply_channel(API_ID), dumps_events([events[seq - 1]]))
+    received = await asyncio.wait_for(reader, timeout=5)
+    assert [event.seq for event in received] == [1, 2, 3, 4, 5, 6]
+    assert [event.text for event in received[:5]] == ["t1", "t2", "t3", "t4", "t5"]
+    assert router.num_gap_filled == 2
+    await redis.delete(keys.output("req-gap"))
+
+
+async def test_a_lost_final_event_is_found_by_polling_the_output_stream(
+    redis: aioredis.Redis, router: ReplyRouter
+) -> None:
+    keys = router._keys
+    events = chunk_events("req-lost-final", 3)
+    await store(redis, keys, events)
+    reader = asyncio.create_task(collect(router, "req-lost-final"))
+    await asyncio.sleep(0.05)
+    for event in events[:2]:
+        await redis.publish(keys.reply_channel(API_ID), dumps_events([event]))
+    received = await asyncio.wait_for(reader, timeout=5)
+    assert [(event.seq, event.type) for event in received] == [(1, "chunk"), (2, "chunk"), (3, "final")]
+    await redis.delete(keys.output("req-lost-final"))
+
+
+async def test_output_writer_publishes_live_and_refuses_a_second_write_of_a_position(
+    redis: aioredis.Redis, router: ReplyRouter
+) -> None:
+    keys = router._keys
+    writer = OutputWriter(redis, keys, ttl_s=60)
+    writer.start()
+    reader = asyncio.create_task(collect(router, "req-writer"))
+    await asyncio.sleep(0.05)
+    events = chunk_events("req-writer", 4)
+    for event in events[:2]:
+        writer.emit(API_ID, event)
+    # A re-run after redelivery writes position 2 again, with other text: the first write stands.
+    writer.emit(API_ID, OutputEvent(rid="req-writer", seq=2, type="chunk", text="again", token_ids=[99]))
+    for event in events[2:]:
+        writer.emit(API_ID, event)
+    await writer.flush()
+    received = await asyncio.wait_for(reader, timeout=5)
+    await writer.close()
+    stored = await read_output(redis, keys, "req-writer", from_seq=1)
+    assert [event.seq for event in received] == [1, 2, 3, 4]
+    assert [event.text for event in stored] == ["t1", "t2", "t3", ""]
+    assert 0 < await redis.ttl(keys.output("req-writer")) <= 60
+    await redis.delete(keys.output("req-writer"))
+
+
+def make_message(request_id: str) -> RequestMessage:
+    return RequestMessage(
+        id=request_id,
+        tenant="t",
+        tier="realtime",
+        bucket="short",
+        prompt_token_ids=[1, 2, 3],
+        sampling=SamplingSpec(max_tokens=4),
+        predicted_output_tokens=4,
+        enqueued_at_ms=0,
+        deadline_ms=1,
+        reply_to=API_ID,
+    )
+
+
+async def test_consumer_group_is_recreated_after_flushall(free_port: int) -> None:
+    with private_redis_server(free_port) as server:
+        client = connect(server.url, timeout_s=1.0)
+        keys = Keys("tc:")
+        await intake.ensure_groups(client, keys)
+        await client.flushall()
+        # The API keeps enqueueing: XADD recreates the stream, but without the group.
+        await intake.enqueue(client, keys, make_message("after-flush"))
+        entries = await intake.read(client, keys, "w1", [keys.intake("realtime", "short")], count=10, block_ms=None)
+        groups = await client.xinfo_groups(keys.intake("normal", "long"))
+        await client.aclose()
+    assert [entry.message.id for entry in entries] == ["after-flush"]
+    assert entries[0].message.sampling.max_tokens == 4
+    assert [group["name"] for group in groups] == [b"workers"]
+
+
+async def test_redis_that_may_evict_is_refused_with_the_fix(free_port: int) -> None:
+    with private_redis_server(free_port, "--maxmemory-policy", "allkeys-lru") as server:
+        client = connect(server.url, timeout_s=1.0)
+        with pytest.raises(ConfigError, match="CONFIG SET maxmemory-policy noeviction"):
+            await check_redis(client)
+        await client.aclose()
+
+
+async def test_ack_deletes_the_entry_and_clears_the_pending_list(redis: aioredis.Redis) -> None:
+    keys = Keys(unique_prefix())
+    await intake.ensure_groups(redis, keys)
+    await intake.enqueue(redis, keys, make_message("to-ack"))
+    stream = keys.intake("realtime", "short")
+    (entry,) = await intake.read(redis, keys, "w1", [stream], count=10, block_ms=None)
+    assert (await redis.xpending(stream, "workers"))["pending"] == 1
+    await intake.ack(redis, entry)
+    assert (await redis.xpending(stream, "workers"))["pending"] == 0
+    assert await redis.xlen(stream) == 0
+    await redis.delete(*keys.intake_all())

@@ -1,0 +1,130 @@
+"""Pure units: key names, message round trips, bucketing, settings validation, error bodies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from api.admission import bucket_of
+from api.errors import _describe_validation
+from api.render import ChatRenderer, CompletionRenderer
+from api.settings import ApiSettings
+from queues.keys import Keys
+from queues.messages import OutputEvent, RequestMessage, SamplingSpec, dumps_events, loads_events
+from tailcut.errors import ConfigError
+from tailcut.settings import CommonSettings
+from workers.engines.vllm_engine import engine_args
+from workers.settings import EngineSettings
+
+
+def test_keys_follow_the_contract() -> None:
+    keys = Keys("tc:")
+    assert keys.intake("realtime", "short") == "tc:q:realtime:short"
+    assert keys.output("abc") == "tc:out:abc"
+    assert keys.reply_channel("api-1") == "tc:reply:api-1"
+    assert keys.dead_letter == "tc:dlq"
+    assert keys.events == "tc:events"
+    # Most urgent first: every realtime stream before any normal one, short before long.
+    assert keys.intake_all()[:4] == [
+        "tc:q:realtime:short",
+        "tc:q:realtime:medium",
+        "tc:q:realtime:long",
+        "tc:q:normal:short",
+    ]
+    assert len(set(keys.intake_all())) == 9
+
+
+def test_request_message_survives_a_round_trip() -> None:
+    message = RequestMessage(
+        id="r1",
+        tenant="acme",
+        tier="background",
+        bucket="long",
+        prompt_token_ids=[1, 2, 3],
+        sampling=SamplingSpec(max_tokens=9, temperature=0.0, stop=["\n"], seed=7),
+        predicted_output_tokens=9,
+        enqueued_at_ms=10,
+        deadline_ms=20,
+        reply_to="api-1",
+        generated_token_ids=[4, 5],
+        next_seq=3,
+    )
+    assert RequestMessage.loads(message.dumps()) == message
+
+
+def test_output_events_survive_a_batch_round_trip() -> None:
+    events = [
+        OutputEvent(rid="r", seq=1, type="chunk", text="hé", token_ids=[5]),
+        OutputEvent(rid="r", seq=2, type="final", finish_reason="length", prompt_tokens=3, completion_tokens=1),
+    ]
+    assert loads_events(dumps_events(events)) == events
+    assert [event.terminal for event in events] == [False, True]
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "bucket"), [(1, "short"), (127, "short"), (128, "medium"), (512, "medium"), (513, "long")]
+)
+def test_bucket_edges(num_tokens: int, bucket: str) -> None:
+    assert bucket_of(num_tokens, ApiSettings()) == bucket
+
+
+def test_bucket_thresholds_must_leave_room_for_medium() -> None:
+    with pytest.raises(ValidationError, match="must be below long_min_tokens"):
+        ApiSettings(short_max_tokens=600, long_min_tokens=512)
+
+
+def test_key_prefix_must_end_with_a_colon() -> None:
+    with pytest.raises(ValidationError, match="must end with ':'"):
+        CommonSettings(key_prefix="tc")
+
+
+def test_engine_args_pick_the_block_size_per_device() -> None:
+    settings = EngineSettings()
+    cpu = engine_args(Path("/m"), settings, on_cpu=True, max_model_len=None)
+    gpu = engine_args(Path("/m"), settings, on_cpu=False, max_model_len=4096)
+    assert (cpu["block_size"], cpu["dtype"], cpu["enforce_eager"]) == (32, "float32", True)
+    assert cpu["kv_cache_memory_bytes"] == 512 * 1024 * 1024
+    assert (gpu["block_size"], gpu["dtype"], gpu["max_model_len"]) == (16, "auto", 4096)
+    assert gpu["gpu_memory_utilization"] == 0.9 and "kv_cache_memory_bytes" not in gpu
+    assert cpu["scheduling_policy"] == gpu["scheduling_policy"] == "priority"
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        (EngineSettings(block_size=16), "multiple of 32"),
+        (EngineSettings(quantization="fp8"), "needs a GPU"),
+        (EngineSettings(dtype="float16"), "float16 is not supported"),
+    ],
+)
+def test_engine_args_refuse_what_the_cpu_cannot_run(settings: EngineSettings, words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        engine_args(Path("/m"), settings, on_cpu=True, max_model_len=None)
+
+
+def test_engine_settings_refuse_cpu_combinations_at_parse_time() -> None:
+    with pytest.raises(ValidationError, match="multiple of 32"):
+        EngineSettings(device="cpu", block_size=16)
+
+
+def test_validation_errors_name_the_field() -> None:
+    message, param = _describe_validation(
+        [{"type": "greater_than_equal", "loc": ("body", "max_tokens"), "msg": "Input should be >= 1"}]
+    )
+    assert (message, param) == ("`max_tokens`: Input should be >= 1", "max_tokens")
+    message, param = _describe_validation([{"type": "missing", "loc": ("body", "messages"), "msg": "Field required"}])
+    assert (message, param) == ("missing required field `messages`", "messages")
+
+
+def test_renderers_shape_openai_chunks() -> None:
+    final = OutputEvent(rid="r", seq=3, type="final", finish_reason="stop", prompt_tokens=4, completion_tokens=2)
+    chat = ChatRenderer("r", "m", return_token_ids=True, include_usage=True)
+    chunk = chat.content(OutputEvent(rid="r", seq=1, type="chunk", text="hi", token_ids=[7]))
+    assert chunk["object"] == "chat.completion.chunk" and chunk["id"] == "chatcmpl-r"
+    assert chunk["choices"][0]["delta"] == {"content": "hi"} and chunk["choices"][0]["token_ids"] == [7]
+    assert chunk["usage"] is None
+    assert chat.usage_chunk(final)["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+    whole = CompletionRenderer("r", "m", return_token_ids=False, include_usage=False).whole("hi!", [7, 8], final)
+    assert whole["choices"][0] == {"index": 0, "text": "hi!", "logprobs": None, "finish_reason": "stop"}

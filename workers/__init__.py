@@ -1,0 +1,1 @@
+"""The GPU worker: reads intake streams, runs requests in the engine, writes output events."""

