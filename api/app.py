@@ -12,12 +12,12 @@ from fastapi import FastAPI
 from api import errors, health, openai_routes
 from api.admission import Admission, ServedModel
 from api.predictor import PriorPredictor
-from api.replies import ReplyRouter
 from api.settings import ApiSettings
 from api.state import ApiState
 from api.tokenize import PromptTokenizer
 from queues.connection import check_redis, connect, connect_blocking
 from queues.keys import Keys
+from queues.replies import ReplyRouter
 from tailcut.errors import ServiceUnavailableError
 from tailcut.logs import log_event
 from tailcut.models import max_model_len, resolve_model, served_name

@@ -14,12 +14,12 @@ from starlette.responses import Response
 from api.admission import TENANT_HEADER, TIER_HEADER
 from api.errors import error_body
 from api.render import ChatRenderer, CompletionRenderer, Renderer
-from api.replies import ReplyStream
 from api.responses import EventStreamResponse, OrjsonResponse
 from api.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
 from api.state import ApiState
 from queues import intake, output
 from queues.messages import OutputEvent, RequestMessage
+from queues.replies import ReplyStream
 from tailcut.errors import (
     AuthenticationError,
     DeadlineExceededError,

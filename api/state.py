@@ -10,10 +10,10 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from api.admission import Admission, ServedModel
-from api.replies import ReplyRouter
 from api.settings import ApiSettings
 from api.tokenize import PromptTokenizer
 from queues.keys import Keys
+from queues.replies import ReplyRouter
 
 
 @dataclass

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from api.replies import ReplyRouter
 from queues import intake
 from queues.connection import connect, connect_blocking
 from queues.keys import WORKER_GROUP, Keys
 from queues.messages import OutputEvent, RequestMessage, SamplingSpec
 from queues.output import OutputWriter
+from queues.replies import ReplyRouter
 from tests.e2e.test_streaming import reference_ids
 from tests.stack import running_workers, unique_prefix
 from workers.engines.vllm_engine import VllmEngine

@@ -9,12 +9,12 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
-from api.replies import ReplyRouter
 from queues import intake
 from queues.connection import check_redis, connect, connect_blocking
 from queues.keys import Keys
 from queues.messages import OutputEvent, RequestMessage, SamplingSpec, dumps_events
 from queues.output import EVENT_FIELD, OutputWriter, read_output, stream_id
+from queues.replies import ReplyRouter
 from tailcut.errors import ConfigError
 from tests.stack import private_redis_server, unique_prefix
 

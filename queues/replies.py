@@ -1,4 +1,4 @@
-"""Routing live output to the streams of this API process, with gap fill from Redis.
+"""Routing live output to the streams of one process (an API, a job runner), with gap fill from Redis.
 
 One pub/sub subscription per process (``tc:reply:{api_id}``), made before any request is accepted;
 each open request registers a ``ReplyStream`` before its intake entry is written. Pub/sub is
@@ -22,7 +22,7 @@ from queues.output import read_output
 from tailcut.errors import ServiceUnavailableError
 from tailcut.logs import log_event
 
-log = logging.getLogger("tailcut.api.replies")
+log = logging.getLogger("tailcut.replies")
 
 FIRST_POLL_S = 0.5
 
