@@ -1,0 +1,59 @@
+"""Token budget per scheduling round (pure).
+
+- ``article``: the source article's rule, ``max(512, min(2048, n_short_waiting * 64))``. It trades
+  throughput for latency: with few short requests waiting it sits at the floor.
+- ``slack``: large steps while every realtime request (running or waiting) has slack to its deadline,
+  the floor as soon as one does not. Slack is the time left to the deadline minus the decode time it
+  still needs at the current step time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+BudgetRule = Literal["article", "slack"]
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetConfig:
+    rule: BudgetRule = "article"
+    min_tokens: int = 512
+    max_tokens: int = 2048
+    tokens_per_short: int = 64
+    # A realtime request is "tight" when its slack falls below this margin.
+    slack_margin_ms: int = 250
+
+
+@dataclass(frozen=True, slots=True)
+class RealtimeProgress:
+    """What the slack rule needs to know about one realtime request."""
+
+    deadline_ms: int
+    remaining_tokens: int
+
+
+def article_budget(config: BudgetConfig, num_short_waiting: int) -> int:
+    return max(config.min_tokens, min(config.max_tokens, num_short_waiting * config.tokens_per_short))
+
+
+def slack_budget(config: BudgetConfig, realtime: Iterable[RealtimeProgress], *, now_ms: int, step_ms: float) -> int:
+    for request in realtime:
+        slack_ms = request.deadline_ms - now_ms - request.remaining_tokens * step_ms
+        if slack_ms < config.slack_margin_ms:
+            return config.min_tokens
+    return config.max_tokens
+
+
+def token_budget(
+    config: BudgetConfig,
+    *,
+    num_short_waiting: int,
+    realtime: Iterable[RealtimeProgress],
+    now_ms: int,
+    step_ms: float,
+) -> int:
+    if config.rule == "article":
+        return article_budget(config, num_short_waiting)
+    return slack_budget(config, realtime, now_ms=now_ms, step_ms=step_ms)

@@ -1,0 +1,390 @@
+"""The SLO scheduler: which waiting requests enter the engine, which running ones make room (pure).
+
+No Redis, no engine, no wall clock: the worker (and the offline simulator) feed it requests and an
+``EngineView`` with the current time, and carry out its ``Decision``. One round is
+``schedule(view, now_ms)``; in between, ``add`` (a request arrived), ``at_slice_boundary`` (a
+request produced ``slice_tokens`` tokens: continue or yield?) and ``finish`` keep it current.
+
+Policies (``SchedulerConfig.policy``):
+
+- ``tailcut``: the rules of DESIGN.md "Scheduling" —
+  1. a token budget per round (``workers.budget``), short bucket first; new prefill work is admitted
+     while running decodes plus admitted prompt tokens fit it (the first admission of a round always
+     may, so a prompt longer than the budget is not starved: the engine prefills it in chunks);
+  2. realtime before normal before background, but realtime may jump ahead of older waiting
+     lower-tier work at most ``max_cut_ins`` times in a row; then the oldest lower-tier request is
+     admitted if it fits;
+  3. normal-tier fair share across tenants by weighted deficit round robin (``workers.fairshare``);
+  4. running background requests are preempted when higher tiers wait and slots or KV are short;
+  5. sliced decoding: an engine call makes at most ``slice_tokens`` tokens; at a slice boundary a
+     request yields only when higher-tier work waits and capacity is short, since a resume costs a
+     prefill of whatever fell out of the prefix cache meanwhile.
+- ``fifo``: one queue in arrival order, no tiers, no budget, no slices (a plain engine server).
+- ``vllm-priority``: like ``fifo``, with the tier as the engine's priority (vLLM's own policy).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from queues.keys import Bucket, Tier
+from workers.budget import BudgetConfig, RealtimeProgress, token_budget
+from workers.fairshare import DeficitRoundRobin, rtt_weight
+
+Policy = Literal["tailcut", "fifo", "vllm-priority"]
+
+TIER_RANK: dict[Tier, int] = {"realtime": 0, "normal": 1, "background": 2}
+BUCKET_RANK: dict[Bucket, int] = {"short": 0, "medium": 1, "long": 2}
+
+
+@dataclass(slots=True)
+class SchedRequest:
+    """A request as the scheduler sees it; a continuation's prompt includes its earlier output."""
+
+    id: str
+    tier: Tier
+    bucket: Bucket
+    tenant: str
+    arrival_ms: int
+    deadline_ms: int
+    prompt_tokens: int
+    remaining_tokens: int
+
+    def kv_tokens(self, slice_tokens: int) -> int:
+        """KV the next engine call may fill: the prompt plus one slice of output."""
+        return self.prompt_tokens + min(self.remaining_tokens, slice_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    policy: Policy = "tailcut"
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    max_cut_ins: int = 3
+    slice_tokens: int = 256
+    fair_quantum_tokens: int = 512
+    fair_min_weight: float = 0.25
+    fair_max_weight: float = 8.0
+    # Weight of the newest queue wait in a tenant's moving average (its "recent latency").
+    rtt_smoothing: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class EngineView:
+    """The engine's capacity right now, and what waits in Redis that this worker has not read."""
+
+    free_slots: int
+    free_kv_tokens: int
+    backlog: dict[tuple[Tier, Bucket], int] = field(default_factory=dict)
+    step_ms: float = 20.0
+
+    def backlog_of(self, *, tiers: tuple[Tier, ...] = (), buckets: tuple[Bucket, ...] = ()) -> int:
+        return sum(
+            count
+            for (tier, bucket), count in self.backlog.items()
+            if (not tiers or tier in tiers) and (not buckets or bucket in buckets)
+        )
+
+
+@dataclass(slots=True)
+class Decision:
+    admit: list[SchedRequest] = field(default_factory=list)
+    preempt: list[SchedRequest] = field(default_factory=list)
+    token_budget: int = 0
+
+
+class _Heap:
+    """Requests ordered by a key; stable for equal keys."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[tuple[int, ...], int, SchedRequest]] = []
+        self._counter = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[SchedRequest]:
+        return (item for _key, _n, item in self._items)
+
+    def push(self, key: tuple[int, ...], request: SchedRequest) -> None:
+        heapq.heappush(self._items, (key, next(self._counter), request))
+
+    def peek(self) -> SchedRequest | None:
+        return self._items[0][2] if self._items else None
+
+    def pop(self) -> SchedRequest:
+        return heapq.heappop(self._items)[2]
+
+    def remove(self, request_id: str) -> SchedRequest | None:
+        for index, (_key, _n, request) in enumerate(self._items):
+            if request.id == request_id:
+                self._items.pop(index)
+                heapq.heapify(self._items)
+                return request
+        return None
+
+
+def _cost(request: SchedRequest) -> int:
+    """Fair-share cost of a normal request: the tokens it will put through the engine."""
+    return request.prompt_tokens + request.remaining_tokens
+
+
+def _urgency(request: SchedRequest) -> tuple[int, ...]:
+    return (BUCKET_RANK[request.bucket], request.arrival_ms)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self._realtime = _Heap()
+        self._background = _Heap()
+        self._arrival = _Heap()  # fifo and vllm-priority: everything in arrival order
+        # Normal tier: one fair-share queue per bucket, shortest first (see ``_pick_normal``).
+        self._normal_by_bucket: dict[Bucket, DeficitRoundRobin[SchedRequest]] = {
+            bucket: DeficitRoundRobin(config.fair_quantum_tokens, self.weight) for bucket in BUCKET_RANK
+        }
+        self._bucket_bypasses = 0
+        self._running: dict[str, SchedRequest] = {}
+        self._cut_ins = 0
+        self._rtt_ms: dict[str, float] = {}
+
+    # --- what the scheduler holds ---------------------------------------------------------------
+
+    @property
+    def running(self) -> dict[str, SchedRequest]:
+        return self._running
+
+    def _normal(self) -> Iterator[SchedRequest]:
+        for queue in self._normal_by_bucket.values():
+            yield from queue
+
+    def waiting(self) -> Iterator[SchedRequest]:
+        yield from self._realtime
+        yield from self._normal()
+        yield from self._background
+        yield from self._arrival
+
+    @property
+    def num_waiting(self) -> int:
+        num_normal = sum(len(queue) for queue in self._normal_by_bucket.values())
+        return len(self._realtime) + num_normal + len(self._background) + len(self._arrival)
+
+    def add(self, request: SchedRequest) -> None:
+        if self.config.policy != "tailcut":
+            self._arrival.push((request.arrival_ms,), request)
+        elif request.tier == "realtime":
+            self._realtime.push(_urgency(request), request)
+        elif request.tier == "normal":
+            self._normal_by_bucket[request.bucket].push(request.tenant, request, _cost(request))
+        else:
+            self._background.push(_urgency(request), request)
+
+    def remove(self, request_id: str) -> SchedRequest | None:
+        """Forget a waiting or running request (cancelled, expired)."""
+        if request_id in self._running:
+            return self._running.pop(request_id)
+        for heap in (self._realtime, self._background, self._arrival):
+            found = heap.remove(request_id)
+            if found is not None:
+                return found
+        for queue in self._normal_by_bucket.values():
+            found = queue.remove(lambda request: request.id == request_id)
+            if found is not None:
+                return found
+        return None
+
+    def finish(self, request_id: str) -> None:
+        self._running.pop(request_id, None)
+
+    def slice_limit(self, request: SchedRequest) -> int:
+        """Most tokens the next engine call of ``request`` may produce."""
+        if self.config.policy == "tailcut":
+            return min(request.remaining_tokens, self.config.slice_tokens)
+        return request.remaining_tokens
+
+    def engine_priority(self, request: SchedRequest) -> int:
+        return 0 if self.config.policy == "fifo" else TIER_RANK[request.tier]
+
+    # --- fair share -----------------------------------------------------------------------------
+
+    def weight(self, tenant: str) -> float:
+        rtt = self._rtt_ms.get(tenant, 0.0)
+        average = sum(self._rtt_ms.values()) / len(self._rtt_ms) if self._rtt_ms else 0.0
+        return rtt_weight(average, rtt, min_weight=self.config.fair_min_weight, max_weight=self.config.fair_max_weight)
+
+    def observe_wait(self, tenant: str, wait_ms: float) -> None:
+        """Fold a normal-tier queue wait into the tenant's recent latency."""
+        alpha = self.config.rtt_smoothing
+        previous = self._rtt_ms.get(tenant)
+        self._rtt_ms[tenant] = wait_ms if previous is None else (1 - alpha) * previous + alpha * wait_ms
+
+    # --- one round ------------------------------------------------------------------------------
+
+    def schedule(self, view: EngineView, now_ms: int) -> Decision:
+        if self.config.policy != "tailcut":
+            return self._schedule_arrival_order(view)
+        budget = self.current_budget(view, now_ms)
+        decision = Decision(token_budget=budget)
+        slots, kv = view.free_slots, view.free_kv_tokens
+        spent = len(self._running)  # every running request decodes one token per step
+        while slots > 0:
+            pick = self._pick(slots, kv, budget, spent, first=not decision.admit)
+            if pick is None:
+                break
+            self._admit(pick, now_ms)
+            decision.admit.append(pick)
+            slots -= 1
+            kv -= pick.kv_tokens(self.config.slice_tokens)
+            spent += pick.prompt_tokens
+        decision.preempt = self._preemptions(slots, kv)
+        for victim in decision.preempt:
+            self._running.pop(victim.id, None)
+        return decision
+
+    def current_budget(self, view: EngineView, now_ms: int) -> int:
+        num_short = sum(1 for request in self.waiting() if request.bucket == "short")
+        num_short += view.backlog_of(buckets=("short",))
+        realtime = [
+            RealtimeProgress(request.deadline_ms, request.remaining_tokens)
+            for request in itertools.chain(self._realtime, self._running.values())
+            if request.tier == "realtime"
+        ]
+        return token_budget(
+            self.config.budget, num_short_waiting=num_short, realtime=realtime, now_ms=now_ms, step_ms=view.step_ms
+        )
+
+    def at_slice_boundary(self, request_id: str, view: EngineView) -> bool:
+        """``True``: the request yields (the caller re-queues it as a continuation); ``False``: go on."""
+        request = self._running.get(request_id)
+        if request is None or self.config.policy != "tailcut":
+            return False
+        higher = self._waiting_above(request.tier)
+        higher_tiers = tuple(tier for tier, rank in TIER_RANK.items() if rank < TIER_RANK[request.tier])
+        higher_backlog = view.backlog_of(tiers=higher_tiers)
+        if higher is None and not higher_backlog:
+            return False
+        need_kv = higher.kv_tokens(self.config.slice_tokens) if higher is not None else 0
+        if view.free_slots > 0 and view.free_kv_tokens >= need_kv:
+            return False
+        del self._running[request_id]
+        return True
+
+    def advance(self, request_id: str, num_generated: int) -> None:
+        """A slice produced ``num_generated`` tokens: they become part of the prompt of the next one."""
+        request = self._running.get(request_id)
+        if request is not None:
+            request.prompt_tokens += num_generated
+            request.remaining_tokens -= num_generated
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _schedule_arrival_order(self, view: EngineView) -> Decision:
+        decision = Decision(token_budget=self.config.budget.max_tokens)
+        for _ in range(view.free_slots):
+            if not self._arrival:
+                break
+            request = self._arrival.pop()
+            self._running[request.id] = request
+            decision.admit.append(request)
+        return decision
+
+    def _fits(self, request: SchedRequest, kv: int, budget: int, spent: int, first: bool) -> bool:
+        if request.kv_tokens(self.config.slice_tokens) > kv:
+            return False
+        return first or spent + request.prompt_tokens <= budget
+
+    def _oldest_lower(self) -> SchedRequest | None:
+        candidates = [*self._normal(), *self._background]
+        return min(candidates, key=lambda request: request.arrival_ms, default=None)
+
+    def _pick(self, slots: int, kv: int, budget: int, spent: int, *, first: bool) -> SchedRequest | None:
+        """Choose (and take out of its queue) the next request to admit, or ``None``."""
+        realtime = self._realtime.peek()
+        if realtime is not None:
+            older = self._oldest_lower()
+            jumps = older is not None and older.arrival_ms < realtime.arrival_ms
+            if jumps and older is not None and self._cut_ins >= self.config.max_cut_ins:
+                if self._fits(older, kv, budget, spent, first):
+                    self._take(older)
+                    self._cut_ins = 0
+                    return older
+            if not self._fits(realtime, kv, budget, spent, first):
+                return None
+            self._realtime.pop()
+            if jumps:
+                self._cut_ins = min(self._cut_ins + 1, self.config.max_cut_ins)
+            return realtime
+        normal = self._pick_normal()
+        if normal is not None:
+            if self._fits(normal, kv, budget, spent, first):
+                self._cut_ins = 0
+                return normal
+            self._normal_by_bucket[normal.bucket].push_front(normal.tenant, normal, _cost(normal))
+            return None
+        background = self._background.peek()
+        if background is not None and self._fits(background, kv, budget, spent, first):
+            self._cut_ins = 0
+            return self._background.pop()
+        return None
+
+    def _pick_normal(self) -> SchedRequest | None:
+        """Shortest bucket first, fair share across tenants within a bucket; a longer bucket whose
+        oldest request is older than the shorter pick is bypassed at most ``max_cut_ins`` times in
+        a row, so long normal work cannot starve behind a stream of short requests."""
+        heads = [(bucket, queue) for bucket, queue in self._normal_by_bucket.items() if len(queue)]
+        if not heads:
+            return None
+        shortest_bucket, shortest = heads[0]
+        oldest_in = {bucket: min(request.arrival_ms for request in queue) for bucket, queue in heads}
+        overdue = [bucket for bucket, _ in heads[1:] if oldest_in[bucket] < oldest_in[shortest_bucket]]
+        if overdue and self._bucket_bypasses >= self.config.max_cut_ins:
+            self._bucket_bypasses = 0
+            return self._normal_by_bucket[min(overdue, key=oldest_in.__getitem__)].pop()
+        if overdue:
+            self._bucket_bypasses += 1
+        return shortest.pop()
+
+    def _take(self, request: SchedRequest) -> None:
+        if request.tier == "normal":
+            self._normal_by_bucket[request.bucket].remove(lambda candidate: candidate.id == request.id)
+        else:
+            self._background.remove(request.id)
+
+    def _admit(self, request: SchedRequest, now_ms: int) -> None:
+        self._running[request.id] = request
+        if request.tier == "normal":
+            self.observe_wait(request.tenant, now_ms - request.arrival_ms)
+
+    def _waiting_above(self, tier: Tier) -> SchedRequest | None:
+        """A waiting request of a more urgent tier than ``tier``, if any (realtime first)."""
+        if tier == "realtime":
+            return None
+        head = self._realtime.peek()
+        if head is not None or tier == "normal":
+            return head
+        return next(self._normal(), None)
+
+    def _preemptions(self, slots: int, kv: int) -> list[SchedRequest]:
+        """Running background requests to abort so waiting higher-tier heads fit."""
+        blocked = list(itertools.chain(self._realtime, self._normal()))
+        running_background = sorted(
+            (request for request in self._running.values() if request.tier == "background"),
+            key=lambda request: request.arrival_ms,
+            reverse=True,  # the newest loses the least
+        )
+        if not blocked or not running_background:
+            return []
+        blocked = blocked[: len(running_background)]
+        need_slots = max(0, len(blocked) - slots)
+        need_kv = max(0, sum(request.kv_tokens(self.config.slice_tokens) for request in blocked) - kv)
+        victims: list[SchedRequest] = []
+        for victim in running_background:
+            if need_slots <= 0 and need_kv <= 0:
+                break
+            victims.append(victim)
+            need_slots -= 1
+            need_kv -= victim.kv_tokens(self.config.slice_tokens)
+        return victims
