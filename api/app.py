@@ -9,8 +9,9 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from api import errors, health, openai_routes
+from api import errors, health, jobs_routes, openai_routes
 from api.admission import Admission, ServedModel
+from api.jobs_schemas import JobsSettings, connect_arq
 from api.predictor import PriorPredictor
 from api.settings import ApiSettings
 from api.state import ApiState
@@ -28,7 +29,13 @@ log = logging.getLogger("tailcut.api")
 SUBSCRIBE_WAIT_S = 5.0
 
 
-def create_app(settings: ApiSettings, *, model_dir: Path | None = None) -> FastAPI:
+def create_app(
+    settings: ApiSettings, *, model_dir: Path | None = None, jobs_settings: JobsSettings | None = None
+) -> FastAPI:
+    """The app; ``jobs_settings`` (limits and defaults of ``/v1/jobs``) are read from the environment
+    when not given. Redis and key prefix always come from ``settings``."""
+    jobs = jobs_settings or JobsSettings()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         folder = model_dir or resolve_model(settings.model, settings.cache_dir)
@@ -47,6 +54,7 @@ def create_app(settings: ApiSettings, *, model_dir: Path | None = None) -> FastA
             log_event(log, "redis_unavailable_at_start", logging.WARNING, error=exc.message)
         router = ReplyRouter(redis, pubsub_redis, keys, settings.api_id, poll_max_s=settings.reply_poll_max_s)
         await router.start(wait_s=SUBSCRIBE_WAIT_S)
+        arq = connect_arq(settings.redis_url, queue_name=keys.arq_queue, timeout_s=settings.redis_timeout_s)
         state = ApiState(
             settings=settings,
             keys=keys,
@@ -56,6 +64,8 @@ def create_app(settings: ApiSettings, *, model_dir: Path | None = None) -> FastA
             tokenizer=tokenizer,
             admission=Admission(settings, tokenizer, model, PriorPredictor()),
             model=model,
+            jobs_settings=jobs,
+            arq=arq,
         )
         app.state.tailcut = state
         log_event(log, "api_started", api_id=settings.api_id, model=model.name, max_model_len=model.max_model_len)
@@ -63,6 +73,7 @@ def create_app(settings: ApiSettings, *, model_dir: Path | None = None) -> FastA
             yield
         finally:
             await state.wait_background()
+            await arq.aclose(close_connection_pool=True)
             await router.stop()
             await pubsub_redis.aclose()
             await redis.aclose()
@@ -73,4 +84,5 @@ def create_app(settings: ApiSettings, *, model_dir: Path | None = None) -> FastA
     errors.install(app)
     app.include_router(health.router)
     app.include_router(openai_routes.router)
+    app.include_router(jobs_routes.router)
     return app

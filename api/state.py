@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+from arq.connections import ArqRedis
 
 from api.admission import Admission, ServedModel
+from api.jobs_schemas import JobsSettings
 from api.settings import ApiSettings
 from api.tokenize import PromptTokenizer
 from queues.keys import Keys
@@ -26,6 +28,9 @@ class ApiState:
     tokenizer: PromptTokenizer
     admission: Admission
     model: ServedModel
+    # Batch jobs: their settings and the arq client (JSON serializer) that enqueues and inspects them.
+    jobs_settings: JobsSettings
+    arq: ArqRedis
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:

@@ -64,3 +64,19 @@ class Keys:
     def events(self) -> str:
         # Operator-facing event log: breaker trips, scale-up signals, degradations.
         return f"{self.prefix}events"
+
+    @property
+    def arq_queue(self) -> str:
+        # arq's queue of batch jobs (a sorted set; arq adds ``:health-check``). arq's own per-job keys
+        # (``arq:job:*``, ``arq:result:*``) are global: job ids are uuid4, so deployments never collide.
+        return f"{self.prefix}arq"
+
+    def job(self, job_id: str) -> str:
+        # Hash with a batch job's status and progress counters: written by the API at submit (so GET
+        # answers 404 for jobs of other deployments) and by the job runner as chunks finish.
+        return f"{self.prefix}job:{job_id}"
+
+    def job_chunks(self, job_id: str) -> str:
+        # Hash of a running job's finished chunk answers by index: a job that arq runs again (its
+        # jobs process stopped) skips the chunks already answered.
+        return f"{self.prefix}job:{job_id}:chunks"

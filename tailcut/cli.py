@@ -1,4 +1,4 @@
-"""The ``tailcut`` command: ``api``, ``worker``, ``up`` and ``models``."""
+"""The ``tailcut`` command: ``api``, ``worker``, ``jobs``, ``up`` and ``models``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from tailcut import logs
+from tailcut import jobs_cli, logs
 from tailcut.errors import TailcutError
 
 
@@ -23,12 +23,14 @@ def cmd_api(args: argparse.Namespace) -> None:
     import uvicorn
 
     from api.app import create_app
+    from api.jobs_schemas import JobsSettings
     from api.settings import ApiSettings
 
     settings = ApiSettings(**_overrides(args, ["host", "port", "model", "redis_url"]))  # type: ignore[arg-type]
+    jobs_settings = JobsSettings(**_overrides(args, ["model", "redis_url"]))  # type: ignore[arg-type]
     logs.configure(settings.log_format)
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, jobs_settings=jobs_settings),
         host=settings.host,
         port=settings.port,
         log_level="warning",
@@ -88,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--model", help="model folder or `smollm2` (TAILCUT_MODEL)")
     worker.add_argument("--redis-url", dest="redis_url")
     worker.set_defaults(func=cmd_worker)
+
+    jobs_cli.add_parser(sub)
 
     up = sub.add_parser("up", help="run the whole stack locally: Redis if needed, workers, API")
     up.add_argument("--model", default="smollm2", help="model folder or `smollm2` (default)")

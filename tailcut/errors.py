@@ -64,6 +64,21 @@ class DeadlineExceededError(RecoverableError):
     code = "deadline_exceeded"
 
 
+class JobNotFoundError(RecoverableError):
+    """No batch job with this id (never submitted here, or its result expired)."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "job_not_found"
+
+
+class JobFailedError(RecoverableError):
+    """A batch job stopped with an error; the message names the original exception."""
+
+    error_type = "job_failed"
+    code = "job_failed"
+
+
 class ConfigError(FatalError):
     """Configuration that cannot work; the message names the setting and how to fix it."""
 

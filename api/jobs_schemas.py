@@ -1,0 +1,357 @@
+"""What the API and the job runner agree on about a batch job: settings, request body, arq payload
+and serializer, chunking and prompts, and the job's progress record in Redis.
+
+Decisions:
+
+- arq moves jobs as JSON (orjson), never pickle. A payload holds only JSON types; an exception in a
+  failed job's result is stored as ``{"exc_type", "message"}`` and rebuilt on read from a fixed set of
+  types (``asyncio.CancelledError`` for an aborted job, ``JobFailedError`` for anything else), so arq's
+  own ``Job.result()`` and ``Job.abort()`` keep working and nothing read from Redis is unpickled.
+- The API splits the log into chunks to validate them (each chunk's prompt must fit the context); the
+  payload carries the lines and options, and the runner splits them again with the same function.
+- ``tc:job:{id}`` is written by the API before the arq job exists, so a job id is only known to the
+  deployment (key prefix) that accepted it; arq's result decides the final status, the hash carries
+  progress and the status before there is a result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast
+
+import orjson
+import redis.asyncio as aioredis
+from arq.connections import ArqRedis
+from pydantic import BaseModel, ConfigDict, Field
+from redis.asyncio import ConnectionPool
+
+from queues.keys import Keys
+from tailcut.errors import InvalidRequestError, JobFailedError
+from tailcut.settings import CommonSettings
+
+# Name of the arq job function (registered by the jobs process, enqueued by the API).
+JOB_FUNCTION = "analyze_logs"
+# arq drops a job nobody started within a day (its ``expires_extra_ms``); the progress hash lives
+# at least that long plus the run time and the result TTL.
+ARQ_START_WINDOW_S = 86_400
+
+JobStatus = Literal["queued", "running", "complete", "failed", "aborted"]
+TERMINAL_STATUSES: frozenset[str] = frozenset({"complete", "failed", "aborted"})
+
+SYSTEM_PROMPT = (
+    "You analyse application logs. Follow the instruction for the log excerpt you are given, briefly, "
+    "using only what the excerpt shows."
+)
+
+
+def default_runner_id() -> str:
+    return f"jobs-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class JobsSettings(CommonSettings):
+    """Batch jobs: read by the API (defaults and limits of ``POST /v1/jobs``) and by ``tailcut jobs``."""
+
+    jobs_runner_id: str = Field(default_factory=default_runner_id, description="Names a jobs process's reply channel.")
+    jobs_max_concurrent: int = Field(4, ge=1, le=1000, description="Jobs one `tailcut jobs` process runs at once.")
+    jobs_max_in_flight: int = Field(
+        8, ge=1, le=1024, description="Chunk requests one job keeps queued or running at once."
+    )
+    jobs_chunk_lines: int = Field(50, ge=1, description="Log lines per chunk when a job names none.")
+    jobs_max_tokens: int = Field(256, ge=1, description="Answer length per chunk (tokens) when a job names none.")
+    jobs_max_chunks: int = Field(10_000, ge=1, description="Most chunks one job may have.")
+    jobs_timeout_s: float = Field(
+        6 * 3600.0, gt=0, description="Longest a job may run; also how long a killed jobs process holds its jobs."
+    )
+    jobs_result_ttl_s: int = Field(86_400, ge=60, description="How long a finished job's status and result are kept.")
+    jobs_abort_wait_s: float = Field(
+        5.0, ge=0, le=60, description="How long `DELETE /v1/jobs/{id}` waits for the job to stop."
+    )
+    jobs_poll_delay_s: float = Field(
+        0.5, gt=0, le=10, description="How often a jobs process looks for new jobs and aborts."
+    )
+
+
+class JobRequest(BaseModel):
+    """Body of ``POST /v1/jobs``; unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    logs: str | None = None
+    lines: list[str] | None = None
+    instruction: str = Field(min_length=1)
+    chunk_lines: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(0.0, ge=0, le=2)
+    model: str | None = None
+    tenant: str | None = None
+    ignore_eos: bool = False
+    reduce: bool = False
+
+    def log_lines(self) -> list[str]:
+        """The log as lines; refuses a body with no log, two logs, or nothing but blank lines."""
+        if (self.logs is None) == (self.lines is None):
+            raise InvalidRequestError(
+                "send exactly one of `logs` (the log as text) or `lines` (the log as a list of lines)", param="logs"
+            )
+        if not self.instruction.strip():
+            raise InvalidRequestError("`instruction` is blank; say what to look for in the log", param="instruction")
+        lines = self.logs.splitlines() if self.logs is not None else list(self.lines or [])
+        if not any(line.strip() for line in lines):
+            param = "logs" if self.logs is not None else "lines"
+            raise InvalidRequestError(f"`{param}` holds no text; send the log to analyse", param=param)
+        return lines
+
+
+@dataclass(slots=True)
+class Chunk:
+    index: int
+    first_line: int  # 1-based, in the whole log
+    lines: list[str]
+
+    @property
+    def last_line(self) -> int:
+        return self.first_line + len(self.lines) - 1
+
+
+@dataclass(slots=True)
+class JobSpec:
+    """The arq payload of a job: everything the runner needs, JSON types only."""
+
+    lines: list[str]
+    instruction: str
+    chunk_lines: int
+    max_tokens: int
+    temperature: float = 0.0
+    tenant: str | None = None
+    ignore_eos: bool = False
+    reduce: bool = False
+
+    def to_payload(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_payload(cls, raw: dict[str, Any]) -> JobSpec:
+        return cls(**raw)
+
+    def chunks(self) -> list[Chunk]:
+        return split_chunks(self.lines, self.chunk_lines)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests the job runs: one per chunk, plus the combining one with ``reduce``."""
+        return len(self.chunks()) + int(self.reduce)
+
+
+def split_chunks(lines: list[str], chunk_lines: int) -> list[Chunk]:
+    return [
+        Chunk(index=number, first_line=start + 1, lines=lines[start : start + chunk_lines])
+        for number, start in enumerate(range(0, len(lines), chunk_lines))
+    ]
+
+
+def chunk_messages(instruction: str, chunk: Chunk, num_chunks: int) -> list[dict[str, str]]:
+    excerpt = "\n".join(chunk.lines)
+    user = (
+        f"{instruction}\n\nLog lines {chunk.first_line}-{chunk.last_line} "
+        f"(part {chunk.index + 1} of {num_chunks}):\n{excerpt}"
+    )
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+def reduce_messages(instruction: str, answers: list[str]) -> list[dict[str, str]]:
+    parts = "\n\n".join(f"Part {number}:\n{answer}" for number, answer in enumerate(answers, start=1))
+    user = (
+        f"{instruction}\n\nThe log was analysed in {len(answers)} consecutive parts; their answers follow. "
+        f"Combine them into one answer for the whole log.\n\n{parts}"
+    )
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+@dataclass(slots=True)
+class Answer:
+    """How one request of a job ended."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error_code: str | None = None
+    error_message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error_code is None
+
+    def error(self) -> dict[str, str | None] | None:
+        return None if self.ok else {"code": self.error_code, "message": self.error_message}
+
+    def dumps(self) -> bytes:
+        return orjson.dumps(self)
+
+    @classmethod
+    def loads(cls, data: bytes) -> Answer:
+        return cls(**orjson.loads(data))
+
+
+# --- arq serializer: JSON, never pickle ---------------------------------------------------------------
+
+EXC_TYPE = "exc_type"
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, BaseException):
+        return {EXC_TYPE: type(value).__name__, "message": str(value)}
+    raise TypeError(f"{type(value).__name__} cannot travel in an arq job (JSON only)")
+
+
+def dumps_job(data: dict[str, Any]) -> bytes:
+    """arq ``job_serializer``: job definitions and results as JSON."""
+    return orjson.dumps(data, default=_encode)
+
+
+def loads_job(data: bytes) -> dict[str, Any]:
+    """arq ``job_deserializer``: a failed result's exception comes back as one of two known types."""
+    raw: dict[str, Any] = orjson.loads(data)
+    result = raw.get("r")
+    if raw.get("s") is False and isinstance(result, dict) and EXC_TYPE in result:
+        raw["r"] = rebuild_exception(result)
+    return raw
+
+
+def rebuild_exception(encoded: dict[str, Any]) -> BaseException:
+    message = str(encoded.get("message", ""))
+    if encoded[EXC_TYPE] == "CancelledError":
+        return asyncio.CancelledError(message)
+    return JobFailedError(f"{encoded[EXC_TYPE]}: {message}" if message else str(encoded[EXC_TYPE]))
+
+
+def connect_arq(url: str, *, queue_name: str, timeout_s: float) -> ArqRedis:
+    """An arq client with the JSON serializer. Built directly rather than with ``arq.create_pool``,
+    which pings (and retries for seconds) at creation: the API starts while Redis is down and answers
+    503s until it is back. Close with ``aclose(close_connection_pool=True)``."""
+    pool = ConnectionPool.from_url(
+        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=30
+    )
+    return ArqRedis(pool, job_serializer=dumps_job, job_deserializer=loads_job, default_queue_name=queue_name)
+
+
+# --- progress record ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class JobProgress:
+    status: JobStatus
+    num_chunks: int
+    total: int
+    done: int
+    failed: int
+    created_ms: int
+    error: str | None
+    abort_requested: bool
+
+
+T = TypeVar("T")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _reply(pending: Awaitable[T] | T) -> T:
+    """redis-py types hash commands as sync-or-async; on the asyncio client they are awaitable."""
+    return await cast(Awaitable[T], pending)
+
+
+class JobStore:
+    """A job's status and counters (``tc:job:{id}``) and its finished chunk answers (``tc:job:{id}:chunks``).
+
+    ``done`` counts requests that answered, ``failed`` those that ended with an error; the job is
+    finished when ``done + failed == total``.
+    """
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+
+    async def create(self, job_id: str, *, num_chunks: int, total: int, ttl_s: int) -> None:
+        key = self._keys.job(job_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                key,
+                mapping={
+                    "status": "queued",
+                    "num_chunks": num_chunks,
+                    "total": total,
+                    "done": 0,
+                    "failed": 0,
+                    "created_ms": now_ms(),
+                },
+            )
+            pipe.expire(key, ttl_s)
+            await pipe.execute()
+
+    async def read(self, job_id: str) -> JobProgress | None:
+        raw: dict[bytes, bytes] = await _reply(self._redis.hgetall(self._keys.job(job_id)))
+        if not raw:
+            return None
+        fields = {key.decode(): value.decode() for key, value in raw.items()}
+        return JobProgress(
+            status=fields.get("status", "queued"),  # type: ignore[arg-type]
+            num_chunks=int(fields.get("num_chunks", 0)),
+            total=int(fields.get("total", 0)),
+            done=int(fields.get("done", 0)),
+            failed=int(fields.get("failed", 0)),
+            created_ms=int(fields.get("created_ms", 0)),
+            error=fields.get("error"),
+            abort_requested=fields.get("abort_requested") == "1",
+        )
+
+    async def request_abort(self, job_id: str) -> None:
+        """Mark the job so its runner tells an abort apart from its jobs process stopping."""
+        await _reply(self._redis.hset(self._keys.job(job_id), "abort_requested", "1"))
+
+    async def mark_running(self, job_id: str, *, done: int, failed: int, attempt: int) -> None:
+        mapping = {"status": "running", "done": done, "failed": failed, "attempt": attempt, "started_ms": now_ms()}
+        await _reply(self._redis.hset(self._keys.job(job_id), mapping=mapping))
+
+    async def set_status(self, job_id: str, status: JobStatus, *, error: str | None = None) -> None:
+        mapping: dict[str, str | int] = {"status": status}
+        if error is not None:
+            mapping["error"] = error
+        await _reply(self._redis.hset(self._keys.job(job_id), mapping=mapping))
+
+    async def record(self, job_id: str, index: int, answer: Answer, *, ttl_s: int) -> None:
+        """Keep one finished chunk (for a re-run of the job) and count it."""
+        chunks = self._keys.job_chunks(job_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(chunks, mapping={str(index): answer.dumps()})
+            pipe.expire(chunks, ttl_s)
+            pipe.hincrby(self._keys.job(job_id), "done" if answer.ok else "failed", 1)
+            await pipe.execute()
+
+    async def count(self, job_id: str, answer: Answer) -> None:
+        """Count a request that is not a chunk (the combining one)."""
+        await _reply(self._redis.hincrby(self._keys.job(job_id), "done" if answer.ok else "failed", 1))
+
+    async def answers(self, job_id: str) -> dict[int, Answer]:
+        raw: dict[bytes, bytes] = await _reply(self._redis.hgetall(self._keys.job_chunks(job_id)))
+        return {int(index): Answer.loads(value) for index, value in raw.items()}
+
+    async def finish(self, job_id: str, status: JobStatus, *, ttl_s: int, error: str | None = None) -> None:
+        """Record the final status; the chunk answers are now in arq's result and are dropped."""
+        key = self._keys.job(job_id)
+        mapping: dict[str, str | int] = {"status": status, "finished_ms": now_ms()}
+        if error is not None:
+            mapping["error"] = error
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping=mapping)
+            pipe.expire(key, ttl_s)
+            pipe.delete(self._keys.job_chunks(job_id))
+            await pipe.execute()

@@ -1,0 +1,377 @@
+"""Batch log analysis as an arq job: fan a log's chunks out as background-tier requests, gather the answers.
+
+A job's chunks go through the same intake streams and GPU workers as every other request, tier
+``background``, admitted with the API's own rules (``api.admission.Admission``: tokens, bucket,
+predicted output, deadline). The jobs process owns one ``ReplyRouter`` (reply channel
+``tc:reply:{jobs_runner_id}``) shared by all its jobs; each job keeps at most ``jobs_max_in_flight``
+requests queued or running.
+
+Stopping: arq cancels the job's task, both for ``DELETE /v1/jobs/{id}`` (arq abort) and when the jobs
+process stops. Either way the runner cancels every request it has in flight (the worker aborts them in
+the engine) and enqueues nothing more. An abort ends the job as ``aborted``; a stop puts it back in
+arq's queue, and the next run skips the chunks already answered (kept in ``tc:job:{id}:chunks``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+from arq.connections import ArqRedis
+from arq.worker import Worker, func
+from redis.exceptions import RedisError
+
+from api.admission import Admission, ServedModel
+from api.jobs_schemas import (
+    ARQ_START_WINDOW_S,
+    JOB_FUNCTION,
+    Answer,
+    Chunk,
+    JobSpec,
+    JobsSettings,
+    JobStore,
+    chunk_messages,
+    reduce_messages,
+)
+from api.predictor import PriorPredictor
+from api.schemas import ChatCompletionRequest, ChatMessage
+from api.settings import ApiSettings
+from api.tokenize import PromptTokenizer
+from queues import intake, output
+from queues.connection import connect, connect_blocking
+from queues.keys import Keys
+from queues.replies import ReplyRouter
+from tailcut.errors import InvalidRequestError, JobFailedError
+from tailcut.logs import log_event
+from tailcut.models import max_model_len, served_name
+
+log = logging.getLogger("tailcut.jobs")
+
+# Key of the runner in arq's per-worker ``ctx``.
+RUNNER_CTX_KEY = "tailcut_runner"
+# A job whose jobs process keeps stopping under it is run at most this many times.
+JOB_MAX_TRIES = 5
+# How long start-up waits for the reply-channel subscription.
+SUBSCRIBE_WAIT_S = 5.0
+# Rounds of shortening the chunk answers until the combining prompt fits the context.
+MAX_FIT_ROUNDS = 8
+
+
+class JobRunner:
+    """Runs jobs in the jobs process: admission, the reply router, Redis clients, the progress store."""
+
+    def __init__(
+        self,
+        settings: JobsSettings,
+        admission_settings: ApiSettings,
+        *,
+        redis: aioredis.Redis,
+        pubsub_redis: aioredis.Redis,
+        router: ReplyRouter,
+        tokenizer: PromptTokenizer,
+        model: ServedModel,
+    ) -> None:
+        self.settings = settings
+        self.keys = Keys(settings.key_prefix)
+        self.redis = redis
+        self._pubsub_redis = pubsub_redis
+        self.router = router
+        self._tokenizer = tokenizer
+        self.model = model
+        self.store = JobStore(redis, self.keys)
+        self._admission = Admission(admission_settings, tokenizer, model, PriorPredictor())
+        self._cancel_ttl_s = admission_settings.cancel_ttl_s
+
+    @classmethod
+    async def open(cls, settings: JobsSettings, admission_settings: ApiSettings, model_dir: Path) -> JobRunner:
+        """Connect, subscribe the reply channel and load the tokenizer. ``admission_settings`` are the
+        API's (the same ``TAILCUT_*`` variables), so a chunk lands in the bucket the API would choose."""
+        tokenizer = PromptTokenizer(model_dir, num_threads=admission_settings.tokenizer_threads)
+        model = ServedModel(
+            name=served_name(model_dir, settings.served_model_name),
+            max_model_len=settings.max_model_len or max_model_len(model_dir),
+        )
+        redis = connect(settings.redis_url, timeout_s=settings.redis_timeout_s)
+        pubsub_redis = connect_blocking(settings.redis_url, block_s=1.0, connect_timeout_s=settings.redis_timeout_s)
+        router = ReplyRouter(
+            redis,
+            pubsub_redis,
+            Keys(settings.key_prefix),
+            settings.jobs_runner_id,
+            poll_max_s=admission_settings.reply_poll_max_s,
+        )
+        await router.start(wait_s=SUBSCRIBE_WAIT_S)
+        return cls(
+            settings,
+            admission_settings,
+            redis=redis,
+            pubsub_redis=pubsub_redis,
+            router=router,
+            tokenizer=tokenizer,
+            model=model,
+        )
+
+    async def close(self) -> None:
+        await self.router.stop()
+        await self._pubsub_redis.aclose()
+        await self.redis.aclose()
+        self._tokenizer.close()
+
+    @property
+    def _progress_ttl_s(self) -> int:
+        return int(ARQ_START_WINDOW_S + self.settings.jobs_timeout_s + self.settings.jobs_result_ttl_s)
+
+    async def run(self, job_id: str, spec: JobSpec, *, attempt: int = 1) -> dict[str, Any]:
+        """Run every chunk not answered yet, then the combining request; returns the job's result."""
+        started = time.monotonic()
+        chunks = spec.chunks()
+        answers = await self.store.answers(job_id)
+        await self.store.mark_running(
+            job_id,
+            done=sum(answer.ok for answer in answers.values()),
+            failed=sum(not answer.ok for answer in answers.values()),
+            attempt=attempt,
+        )
+        log_event(log, "job_started", job=job_id, chunks=len(chunks), resumed=len(answers), attempt=attempt)
+        in_flight: set[str] = set()
+        try:
+            await self._map(job_id, spec, chunks, answers, in_flight)
+            combined: dict[str, Any] | None = None
+            if spec.reduce:
+                combined = await self._reduce(job_id, spec, [answers[chunk.index] for chunk in chunks], in_flight)
+        except asyncio.CancelledError:
+            # Shielded: the cancels go out even if arq cancels this task once more meanwhile.
+            await asyncio.shield(self._cancel(in_flight))
+            with contextlib.suppress(RedisError):
+                progress = await self.store.read(job_id)
+                if progress is not None and progress.abort_requested:
+                    await self.store.finish(job_id, "aborted", ttl_s=self.settings.jobs_result_ttl_s)
+                else:
+                    await self.store.set_status(job_id, "queued")  # arq runs it again
+            log_event(log, "job_stopped", job=job_id, cancelled_requests=len(in_flight), ms=_ms_since(started))
+            raise
+        except Exception as exc:
+            await self._cancel(in_flight)
+            error = _describe(exc)
+            with contextlib.suppress(RedisError):
+                await self.store.finish(job_id, "failed", ttl_s=self.settings.jobs_result_ttl_s, error=error)
+            log_event(log, "job_failed", logging.WARNING, job=job_id, error=error, ms=_ms_since(started))
+            raise JobFailedError(error) from exc
+        result = aggregate(chunks, answers, combined)
+        await self.store.finish(job_id, "complete", ttl_s=self.settings.jobs_result_ttl_s)
+        log_event(
+            log, "job_finished", job=job_id, chunks=len(chunks), failed=result["num_failed"], ms=_ms_since(started)
+        )
+        return result
+
+    async def _map(
+        self, job_id: str, spec: JobSpec, chunks: list[Chunk], answers: dict[int, Answer], in_flight: set[str]
+    ) -> None:
+        todo = iter([chunk for chunk in chunks if chunk.index not in answers])
+        num_lanes = min(self.settings.jobs_max_in_flight, len(chunks) - len(answers))
+
+        async def lane() -> None:
+            for chunk in todo:  # shared by the lanes: each chunk is taken once
+                answer = await self._ask(spec, chunk_messages(spec.instruction, chunk, len(chunks)), in_flight)
+                answers[chunk.index] = answer
+                await self.store.record(job_id, chunk.index, answer, ttl_s=self._progress_ttl_s)
+
+        async with asyncio.TaskGroup() as group:
+            for _ in range(num_lanes):
+                group.create_task(lane())
+
+    async def _ask(self, spec: JobSpec, messages: list[dict[str, str]], in_flight: set[str]) -> Answer:
+        """One background-tier chat request through the intake streams; its answer or its error.
+
+        The request id stays in ``in_flight`` unless the request reaches its terminal event, so a
+        cancelled job knows what to cancel.
+        """
+        body = ChatCompletionRequest(
+            messages=[ChatMessage(role=m["role"], content=m["content"]) for m in messages],
+            max_tokens=spec.max_tokens,
+            temperature=spec.temperature,
+            ignore_eos=spec.ignore_eos,
+        )
+        try:
+            prompt = await self._admission.chat_prompt(body)
+            message = self._admission.build(
+                body,
+                prompt,
+                tier="background",
+                tenant_header=spec.tenant,
+                requested_max_tokens=spec.max_tokens,
+                reply_to=self.settings.jobs_runner_id,
+            )
+        except InvalidRequestError as exc:
+            return Answer(error_code=exc.code or "invalid_request", error_message=exc.message)
+        stream = self.router.open(message.id)
+        in_flight.add(message.id)
+        texts: list[str] = []
+        answer = Answer(error_code="no_final_event", error_message="the output stream ended without a final event")
+        try:
+            await intake.enqueue(self.redis, self.keys, message)
+            async for event in stream.events():
+                if event.type == "chunk":
+                    texts.append(event.text)
+                elif event.type == "final":
+                    answer = Answer(
+                        text="".join(texts),
+                        finish_reason=event.finish_reason,
+                        prompt_tokens=event.prompt_tokens or 0,
+                        completion_tokens=event.completion_tokens or 0,
+                    )
+                    break
+                elif event.type == "error":
+                    answer = Answer(
+                        text="".join(texts),
+                        prompt_tokens=len(prompt),
+                        error_code=event.error_code or "error",
+                        error_message=event.error_message,
+                    )
+                    break
+        finally:
+            stream.close()
+        in_flight.discard(message.id)
+        return answer
+
+    async def _reduce(self, job_id: str, spec: JobSpec, answers: list[Answer], in_flight: set[str]) -> dict[str, Any]:
+        """One request that combines the chunk answers. When they do not fit the context together,
+        each is shortened to the same length, and the result says how many were."""
+        texts = [answer.text if answer.ok else f"(no answer: {answer.error_message})" for answer in answers]
+        budget = self.model.max_model_len - spec.max_tokens
+        shown = texts
+        limit: int | None = None
+        fits = False
+        for _ in range(MAX_FIT_ROUNDS):
+            shown = [text if limit is None else text[:limit] for text in texts]
+            num_tokens = len(await self._tokenizer.encode_chat(reduce_messages(spec.instruction, shown)))
+            if num_tokens <= budget:
+                fits = True
+                break
+            longest = max((len(text) for text in shown), default=0)
+            limit = int(longest * budget / num_tokens * 0.9)
+            if limit < 1:
+                break
+        if fits:
+            answer = await self._ask(spec, reduce_messages(spec.instruction, shown), in_flight)
+        else:
+            answer = Answer(
+                error_code="context_length_exceeded",
+                error_message=(
+                    f"the {len(texts)} chunk answers do not fit one combining request of "
+                    f"{self.model.max_model_len} tokens; use fewer chunks (raise chunk_lines) or lower max_tokens"
+                ),
+            )
+        await self.store.count(job_id, answer)
+        num_shortened = sum(len(text) > limit for text in texts) if fits and limit is not None else 0
+        return {**_answer_fields(answer), "num_answers_shortened": num_shortened}
+
+    async def _cancel(self, request_ids: set[str]) -> None:
+        """Cancel every request still in flight; the tombstone also covers one not started yet."""
+        if not request_ids:
+            return
+        results = await asyncio.gather(
+            *(output.cancel(self.redis, self.keys, rid, ttl_s=self._cancel_ttl_s) for rid in request_ids),
+            return_exceptions=True,
+        )
+        failed = [result for result in results if isinstance(result, BaseException)]
+        if failed:
+            log_event(log, "job_cancel_failed", logging.WARNING, requests=len(failed), error=str(failed[0]))
+
+
+def _answer_fields(answer: Answer) -> dict[str, Any]:
+    return {
+        "text": answer.text,
+        "finish_reason": answer.finish_reason,
+        "completion_tokens": answer.completion_tokens,
+        "error": answer.error(),
+    }
+
+
+def aggregate(chunks: list[Chunk], answers: dict[int, Answer], combined: dict[str, Any] | None) -> dict[str, Any]:
+    """The job's result: answers in chunk order, each with its lines and how it ended."""
+    ordered = [answers[chunk.index] for chunk in chunks]
+    return {
+        "num_chunks": len(chunks),
+        "num_failed": sum(not answer.ok for answer in ordered),
+        "chunks": [
+            {
+                "index": chunk.index,
+                "first_line": chunk.first_line,
+                "last_line": chunk.last_line,
+                **_answer_fields(answer),
+            }
+            for chunk, answer in zip(chunks, ordered, strict=True)
+        ],
+        "combined": combined,
+        "usage": {
+            "prompt_tokens": sum(answer.prompt_tokens for answer in ordered),
+            "completion_tokens": sum(answer.completion_tokens for answer in ordered)
+            + (combined["completion_tokens"] if combined else 0),
+        },
+    }
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return _describe(exc.exceptions[0])
+    message = getattr(exc, "message", None) or str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _ms_since(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+async def analyze_logs(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    """The arq job function."""
+    runner: JobRunner = ctx[RUNNER_CTX_KEY]
+    return await runner.run(ctx["job_id"], JobSpec.from_payload(payload), attempt=int(ctx.get("job_try", 1)))
+
+
+def build_worker(runner: JobRunner, pool: ArqRedis, *, handle_signals: bool) -> Worker:
+    """The arq worker of a jobs process. Results are never logged (they quote the logs)."""
+    settings = runner.settings
+    return Worker(
+        functions=[func(analyze_logs, name=JOB_FUNCTION, max_tries=JOB_MAX_TRIES)],
+        queue_name=runner.keys.arq_queue,
+        redis_pool=pool,
+        handle_signals=handle_signals,
+        max_jobs=settings.jobs_max_concurrent,
+        job_timeout=settings.jobs_timeout_s,
+        keep_result=settings.jobs_result_ttl_s,
+        poll_delay=settings.jobs_poll_delay_s,
+        allow_abort_jobs=True,
+        job_serializer=pool.job_serializer,
+        job_deserializer=pool.job_deserializer,
+        ctx={RUNNER_CTX_KEY: runner},
+        log_results=False,
+    )
+
+
+async def run_worker(worker: Worker) -> None:
+    """Run the arq worker until it is stopped; arq stops by cancelling its own main task."""
+    try:
+        await worker.async_run()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+
+
+async def close_worker(worker: Worker, pool: ArqRedis) -> None:
+    """Stop the arq worker: cancel its running jobs (each cancels its requests and goes back to the
+    queue) and close the pool. Does what ``Worker.close()`` does, with redis-py's ``aclose``."""
+    for task in worker.tasks.values():
+        task.cancel()
+    if worker.main_task is not None:
+        worker.main_task.cancel()
+    await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
+    with contextlib.suppress(RedisError):
+        await pool.delete(worker.health_check_key)
+    await pool.aclose(close_connection_pool=True)

@@ -1,0 +1,64 @@
+"""Jobs process entry (``tailcut jobs``): the arq worker that runs batch jobs, until SIGTERM/SIGINT.
+
+No engine here: the jobs process only tokenizes, enqueues chunk requests and reads their answers; the
+GPU workers run them. On a signal it cancels its running jobs' requests and hands the jobs back to
+arq's queue, where the next jobs process resumes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from api.jobs_schemas import JobsSettings, connect_arq
+from api.settings import ApiSettings
+from queues.connection import check_redis
+from tailcut.logs import log_event
+from tailcut.models import resolve_model
+from workers.jobs import JobRunner, build_worker, close_worker, run_worker
+
+log = logging.getLogger("tailcut.jobs")
+
+# arq's polling loop has no error handling of its own: a generous timeout keeps a slow Redis from
+# ending the process, while a dead one still surfaces.
+ARQ_REDIS_TIMEOUT_S = 10.0
+
+
+async def serve(settings: JobsSettings, admission_settings: ApiSettings) -> None:
+    model_dir = resolve_model(settings.model, settings.cache_dir, progress=lambda line: log_event(log, line))
+    runner = await JobRunner.open(settings, admission_settings, model_dir)
+    try:
+        await check_redis(runner.redis)
+        pool = connect_arq(settings.redis_url, queue_name=runner.keys.arq_queue, timeout_s=ARQ_REDIS_TIMEOUT_S)
+        worker = build_worker(runner, pool, handle_signals=False)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, worker.handle_sig, signum)
+        log_event(
+            log,
+            "jobs_started",
+            runner=settings.jobs_runner_id,
+            queue=runner.keys.arq_queue,
+            max_jobs=settings.jobs_max_concurrent,
+        )
+        try:
+            await run_worker(worker)
+        finally:
+            await close_worker(worker, pool)
+            log_event(log, "jobs_stopped", runner=settings.jobs_runner_id)
+    finally:
+        await runner.close()
+
+
+def main() -> None:
+    """``python -m workers.jobs_main`` runs the same as ``tailcut jobs``."""
+    import sys
+
+    from tailcut.cli import main as cli_main
+
+    cli_main(["jobs", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    main()
