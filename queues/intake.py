@@ -134,3 +134,31 @@ async def reclaim(
             )
         )
     return entries
+
+
+async def requeue(redis: aioredis.Redis, keys: Keys, entry: IntakeEntry, message: RequestMessage) -> str:
+    """Replace ``entry`` by ``message`` (a continuation) at the end of its intake stream, atomically:
+    the continuation exists exactly when the original is acknowledged."""
+    stream = keys.intake(message.tier, message.bucket)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.xadd(stream, {MESSAGE_FIELD: message.dumps()})
+        pipe.xack(entry.stream, WORKER_GROUP, entry.entry_id)
+        pipe.xdel(entry.stream, entry.entry_id)
+        new_id, _acked, _deleted = await pipe.execute()
+    return new_id.decode() if isinstance(new_id, bytes) else str(new_id)
+
+
+async def backlog(redis: aioredis.Redis, streams: list[str]) -> dict[str, int]:
+    """Entries of each stream not yet delivered to any worker (the group's lag)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for stream in streams:
+            pipe.xinfo_groups(stream)
+        replies = await pipe.execute(raise_on_error=False)
+    lags: dict[str, int] = {}
+    for stream, groups in zip(streams, replies, strict=True):
+        if isinstance(groups, Exception):
+            continue
+        for group in groups:
+            if group.get("name") in (WORKER_GROUP, WORKER_GROUP.encode()):
+                lags[stream] = int(group.get("lag") or 0)
+    return lags

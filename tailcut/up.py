@@ -1,9 +1,9 @@
 """``tailcut up``: the whole stack on one machine, for trying tailcut out.
 
 Starts a private ``redis-server`` (temporary folder, free port) unless ``--redis-url`` is given or a
-Redis answers on the default address, then the worker(s) and the API as child processes; waits until
-``/readyz`` says ready, prints the URL and a curl to paste, and on Ctrl-C stops everything in reverse
-order.
+Redis answers on the default address, then the worker(s), one batch-job process (``tailcut jobs``) and
+the API as child processes; waits until ``/readyz`` says ready, prints the URL and a curl to paste,
+and on Ctrl-C stops everything in reverse order.
 """
 
 from __future__ import annotations
@@ -125,7 +125,15 @@ def wait_ready(url: str, children: list[tuple[str, subprocess.Popen[bytes]]]) ->
     raise ConfigError(f"the stack was not ready after {READY_TIMEOUT_S:.0f} s")
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def up(*, model: str, port: int, redis_url: str | None, num_workers: int) -> int:
+    # Ctrl-C and SIGTERM both stop the stack in order (SIGINT may arrive ignored when started in
+    # the background, so the handler is installed explicitly).
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     settings = CommonSettings(model=model)
     with console.status("preparing the model"):
         model_dir = resolve_model(settings.model, settings.cache_dir, progress=console.log)
@@ -147,6 +155,9 @@ def up(*, model: str, port: int, redis_url: str | None, num_workers: int) -> int
                         subprocess.Popen([sys.executable, "-m", "tailcut", "worker"], env=env, start_new_session=True),
                     )
                 )
+            children.append(
+                ("jobs", subprocess.Popen([sys.executable, "-m", "tailcut", "jobs"], env=env, start_new_session=True))
+            )
             api_env = {**env, "TAILCUT_PORT": str(port), "TAILCUT_HOST": "127.0.0.1"}
             children.append(
                 ("api", subprocess.Popen([sys.executable, "-m", "tailcut", "api"], env=api_env, start_new_session=True))
@@ -160,6 +171,7 @@ def up(*, model: str, port: int, redis_url: str | None, num_workers: int) -> int
                 '[{"role": "user", "content": "What is the capital of France?"}]}\'\n',
                 soft_wrap=True,
             )
+            console.print(f"Batch log analysis: tailcut jobs submit FILE --url {url}\n")
             console.print("Ctrl-C stops everything.")
             while all(child.poll() is None for _name, child in children):
                 time.sleep(0.5)
@@ -171,6 +183,7 @@ def up(*, model: str, port: int, redis_url: str | None, num_workers: int) -> int
             console.print("\nstopping")
             return 0
         finally:
-            # Reverse order: the API stops taking requests first, then the workers drain.
+            # Reverse order: the API stops taking requests first, then the jobs process cancels its
+            # requests and hands its jobs back to the queue, then the workers drain.
             for child_name, child in reversed(children):
                 stop_process(child, child_name)

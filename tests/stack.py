@@ -17,13 +17,16 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 import uvicorn
+from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix, result_key_prefix, retry_key_prefix
 from redis.exceptions import RedisError
 
 from api.app import create_app
+from api.jobs_schemas import JobsSettings, connect_arq
 from api.settings import ApiSettings
 from queues.connection import connect, connect_blocking
 from queues.keys import Keys
 from workers.engines.base import Engine
+from workers.jobs import JobRunner, build_worker, close_worker, run_worker
 from workers.settings import WorkerSettings
 from workers.worker import Worker
 
@@ -42,11 +45,12 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def running_api(settings: ApiSettings, model_dir: Path) -> AsyncIterator[str]:
+async def running_api(
+    settings: ApiSettings, model_dir: Path, jobs_settings: JobsSettings | None = None
+) -> AsyncIterator[str]:
     """Serve the API with uvicorn on a free loopback port; yields its base URL."""
-    config = uvicorn.Config(
-        create_app(settings, model_dir=model_dir), host="127.0.0.1", port=0, log_level="warning", lifespan="on"
-    )
+    app = create_app(settings, model_dir=model_dir, jobs_settings=jobs_settings or JobsSettings())
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -85,8 +89,17 @@ async def running_workers(
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    redis_url: str, model_dir: Path, engine: Engine | None, *, num_workers: int = 1, **api_overrides: object
+    redis_url: str,
+    model_dir: Path,
+    engine: Engine | None,
+    *,
+    num_workers: int = 1,
+    jobs: dict[str, object] | None = None,
+    worker: dict[str, object] | None = None,
+    **api_overrides: object,
 ) -> AsyncIterator[Stack]:
+    """``jobs``: ``JobsSettings`` fields for the API's ``/v1/jobs`` routes (limits, defaults);
+    ``worker``: ``WorkerSettings`` fields for every worker."""
     prefix = unique_prefix()
     api_settings = ApiSettings(redis_url=redis_url, key_prefix=prefix, model=str(model_dir), **api_overrides)  # type: ignore[arg-type]
     worker_settings = [
@@ -97,12 +110,14 @@ async def running_stack(
             worker_id=f"w{index}-{prefix}",
             read_block_ms=200,
             drain_timeout_s=5,
+            **(worker or {}),  # type: ignore[arg-type]
         )
         for index in range(num_workers if engine is not None else 0)
     ]
     redis = connect(redis_url, timeout_s=1.0)
     try:
-        async with running_api(api_settings, model_dir) as base_url:
+        jobs_settings = JobsSettings(redis_url=redis_url, key_prefix=prefix, **(jobs or {}))  # type: ignore[arg-type]
+        async with running_api(api_settings, model_dir, jobs_settings) as base_url:
             async with running_workers(worker_settings, engine, redis_url) if engine else _no_workers() as workers:
                 yield Stack(base_url, Keys(prefix), redis, api_settings, workers)
     finally:
@@ -114,6 +129,44 @@ async def running_stack(
 @contextlib.asynccontextmanager
 async def _no_workers() -> AsyncIterator[list[Worker]]:
     yield []
+
+
+@contextlib.asynccontextmanager
+async def running_jobs(stack: Stack, model_dir: Path, **overrides: object) -> AsyncIterator[JobRunner]:
+    """A jobs process in the test's event loop: the job runner and its arq worker, on the stack's Redis
+    and key prefix, admitting chunks with the stack API's settings. Yields the runner."""
+    settings = JobsSettings(
+        redis_url=stack.api_settings.redis_url,
+        key_prefix=stack.keys.prefix,
+        model=str(model_dir),
+        max_model_len=stack.api_settings.max_model_len,
+        **{"jobs_poll_delay_s": 0.05, "jobs_result_ttl_s": 600, **overrides},  # type: ignore[arg-type]
+    )
+    runner = await JobRunner.open(settings, stack.api_settings, model_dir)
+    pool = connect_arq(settings.redis_url, queue_name=runner.keys.arq_queue, timeout_s=5.0)
+    worker = build_worker(runner, pool, handle_signals=False)
+    task = asyncio.create_task(run_worker(worker))
+    try:
+        yield runner
+    finally:
+        await close_worker(worker, pool)
+        await asyncio.gather(task, return_exceptions=True)
+        await runner.close()
+        await _delete_arq_jobs(stack.redis, stack.keys)
+
+
+async def _delete_arq_jobs(redis: aioredis.Redis, keys: Keys) -> None:
+    """arq's per-job keys are outside the key prefix: delete those of this stack's jobs."""
+    with contextlib.suppress(RedisError):
+        job_ids = [
+            key.decode().removeprefix(keys.job("")).split(":")[0]
+            async for key in redis.scan_iter(match=keys.job("*"), count=1000)
+        ]
+        prefixes = (job_key_prefix, result_key_prefix, retry_key_prefix, in_progress_key_prefix)
+        arq_keys = [f"{prefix}{job_id}" for job_id in set(job_ids) for prefix in prefixes]
+        if arq_keys:
+            await redis.delete(*arq_keys)
+            await redis.zrem(abort_jobs_ss, *set(job_ids))
 
 
 async def _delete_prefix(redis: aioredis.Redis, prefix: str) -> None:

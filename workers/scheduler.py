@@ -196,8 +196,11 @@ class Scheduler:
                 return found
         return None
 
-    def finish(self, request_id: str) -> None:
-        self._running.pop(request_id, None)
+    def finish(self, request_id: str, request: SchedRequest | None = None) -> None:
+        """The request left the engine; with ``request``, only if that is the one running under
+        this id (a continuation of it may already be running again)."""
+        if request is None or self._running.get(request_id) is request:
+            self._running.pop(request_id, None)
 
     def slice_limit(self, request: SchedRequest) -> int:
         """Most tokens the next engine call of ``request`` may produce."""

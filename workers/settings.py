@@ -9,7 +9,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from queues.keys import BUCKETS, Bucket
 from tailcut.settings import CommonSettings
+from workers.budget import BudgetConfig
+from workers.scheduler import SchedulerConfig
 
 CPU_BLOCK_SIZE = 32  # vLLM's CPU attention accepts only multiples of 32.
 GPU_BLOCK_SIZE = 16
@@ -56,7 +59,55 @@ class EngineSettings(BaseModel):
         return self
 
 
+class SchedulerSettings(BaseModel):
+    """The SLO scheduler of a worker (``TAILCUT_SCHEDULER__NAME``); see ``workers.scheduler``."""
+
+    policy: Literal["tailcut", "fifo", "vllm-priority"] = Field(
+        "tailcut", description="`fifo` and `vllm-priority` are the baselines benchmarks compare against."
+    )
+    budget_rule: Literal["article", "slack"] = Field("article", description="Token budget rule per round.")
+    min_budget_tokens: int = Field(512, ge=16, description="Token budget floor.")
+    max_budget_tokens: int = Field(2048, ge=16, description="Token budget ceiling (at most the engine's).")
+    tokens_per_short: int = Field(64, ge=1, description="Article rule: budget per waiting short request.")
+    slack_margin_ms: int = Field(250, ge=0, description="Slack rule: a realtime request below this is tight.")
+    max_cut_ins: int = Field(3, ge=0, description="Realtime jumps ahead of older lower-tier work at most this often.")
+    slice_tokens: int = Field(256, ge=1, description="Most tokens one engine call produces (sliced decoding).")
+    fair_quantum_tokens: int = Field(512, ge=1, description="Deficit round robin quantum (normal tier).")
+    fair_min_weight: float = Field(0.25, gt=0, description="Fair-share weight clamp, low end.")
+    fair_max_weight: float = Field(8.0, gt=0, description="Fair-share weight clamp, high end.")
+    prefetch: int = Field(16, ge=1, description="Requests per tier read ahead from Redis into the local queue.")
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> SchedulerSettings:
+        if self.min_budget_tokens > self.max_budget_tokens:
+            raise ValueError(
+                f"min_budget_tokens ({self.min_budget_tokens}) is above max_budget_tokens ({self.max_budget_tokens})"
+            )
+        if self.fair_min_weight > self.fair_max_weight:
+            raise ValueError("fair_min_weight must not exceed fair_max_weight")
+        return self
+
+    def config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            policy=self.policy,
+            budget=BudgetConfig(
+                rule=self.budget_rule,
+                min_tokens=self.min_budget_tokens,
+                max_tokens=self.max_budget_tokens,
+                tokens_per_short=self.tokens_per_short,
+                slack_margin_ms=self.slack_margin_ms,
+            ),
+            max_cut_ins=self.max_cut_ins,
+            slice_tokens=self.slice_tokens,
+            fair_quantum_tokens=self.fair_quantum_tokens,
+            fair_min_weight=self.fair_min_weight,
+            fair_max_weight=self.fair_max_weight,
+        )
+
+
 class WorkerSettings(CommonSettings):
+    # A worker waits out a slow Redis rather than failing requests (the API's 0.5 s is for its 503).
+    redis_timeout_s: float = Field(5.0, gt=0, le=60, description="Timeout of a worker's non-blocking Redis calls.")
     worker_id: str = Field(default_factory=default_worker_id, description="Consumer name in the group.")
     max_running: int | None = Field(
         None, ge=1, description="Requests taken from Redis at once; default the engine's max_num_seqs."
@@ -72,7 +123,12 @@ class WorkerSettings(CommonSettings):
     max_deliveries: int = Field(
         3, ge=1, description="Deliveries before an entry goes to the dead-letter stream with an error to the client."
     )
+    home_buckets: list[Bucket] = Field(
+        default_factory=lambda: list(BUCKETS),
+        description="Buckets read first; others only when these are empty and the engine has room (JSON list).",
+    )
     engine: EngineSettings = Field(default_factory=lambda: EngineSettings())
+    scheduler: SchedulerSettings = Field(default_factory=lambda: SchedulerSettings())
 
     @model_validator(mode="after")
     def _check_reclaim(self) -> WorkerSettings:
@@ -80,6 +136,11 @@ class WorkerSettings(CommonSettings):
             raise ValueError(
                 f"reclaim_after_ms ({self.reclaim_after_ms}) must be at least 3 heartbeats "
                 f"({3 * self.heartbeat_s * 1000:.0f} ms), or live workers lose their requests to others"
+            )
+        if self.scheduler.max_budget_tokens > self.engine.max_num_batched_tokens:
+            raise ValueError(
+                f"scheduler.max_budget_tokens ({self.scheduler.max_budget_tokens}) exceeds the engine's "
+                f"max_num_batched_tokens ({self.engine.max_num_batched_tokens}); lower the first or raise the second"
             )
         return self
 

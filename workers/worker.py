@@ -1,8 +1,12 @@
-"""The worker loop: take entries from the intake streams, run them in the engine, stream the output.
+"""The worker: reads the intake streams into a local queue, lets the scheduler pick what enters the
+engine, runs each admitted request slice by slice, and streams the output.
 
-One worker process owns one engine. Entries are read with XREADGROUP in urgency order (realtime
-before normal before background, short before long) while the worker has free slots; each runs in
-its own task until its terminal event is written, and only then is it acknowledged.
+Loops, each its own task: the reader (XREADGROUP, most urgent streams first, home buckets before
+stealing), the scheduling loop (one ``Scheduler.schedule`` round per change, carrying out
+admissions and preemptions and applying the token budget to the engine), the heartbeat (liveness,
+and refreshing the claim on every entry held), the cancel listener, the backlog probe (what still
+waits in Redis), and the reclaimer (entries of dead workers). An entry is acknowledged only when its
+terminal event is in Redis, or atomically with the continuation that replaces it.
 """
 
 from __future__ import annotations
@@ -19,21 +23,25 @@ from redis.exceptions import RedisError
 
 from queues import intake
 from queues.intake import IntakeEntry
-from queues.keys import Keys, Tier
+from queues.keys import BUCKETS, TIERS, Bucket, Keys, Tier
 from queues.messages import OutputEvent
 from queues.output import OutputWriter, read_output
 from tailcut.errors import EngineDeadError, InvalidRequestError
 from tailcut.logs import log_event
+from workers.continuation import continuation, sched_request
 from workers.engines.base import Engine
+from workers.scheduler import TIER_RANK, EngineView, SchedRequest, Scheduler
 from workers.settings import WorkerSettings
 
 log = logging.getLogger("tailcut.worker")
 
-# The tier is the engine's request priority (lower runs first).
-TIER_PRIORITY: dict[Tier, int] = {"realtime": 0, "normal": 1, "background": 2}
 # Worker heartbeats older than this are pruned from the live-worker set.
 STALE_WORKER_S = 60
 SERVED_IDS_KEPT = 10_000
+# The scheduling loop runs at least this often (deadlines, backlog changes) besides on every event.
+SCHEDULE_TICK_S = 0.05
+BACKLOG_PROBE_S = 0.1
+STEP_SMOOTHING = 0.1
 
 
 def now_ms() -> int:
@@ -54,14 +62,28 @@ class Worker:
         self._blocking = blocking_redis
         self._keys = Keys(settings.key_prefix)
         self._writer = OutputWriter(redis, self._keys, ttl_s=settings.output_ttl_s)
-        self._running: dict[str, asyncio.Task[None]] = {}
-        self._entries: dict[str, IntakeEntry] = {}
+        self.scheduler = Scheduler(settings.scheduler.config())
+        self._entries: dict[str, IntakeEntry] = {}  # every entry held: waiting here or running
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # running requests
         self._cancel_requested: set[str] = set()
-        self._slot_freed = asyncio.Event()
+        self._preempting: set[str] = set()
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
         self._stopping = asyncio.Event()
         self._fatal: BaseException | None = None
+        self._backlog: dict[tuple[Tier, Bucket], int] = {}
+        self._stream_of: dict[str, tuple[Tier, Bucket]] = {
+            self._keys.intake(tier, bucket): (tier, bucket) for tier in TIERS for bucket in BUCKETS
+        }
+        self._step_ms = 20.0
+        self._budget_applied: int | None = None
         # Ids of the requests this worker brought to a terminal state, newest last (bounded).
         self.served_ids: deque[str] = deque(maxlen=SERVED_IDS_KEPT)
+        self.stolen_ids: deque[str] = deque(maxlen=SERVED_IDS_KEPT)
+        self.accepted_ids: deque[str] = deque(maxlen=SERVED_IDS_KEPT)  # in the order read
+        self.num_preempted = 0
+        self.num_yielded = 0
+        self.num_engine_calls = 0
 
     @property
     def worker_id(self) -> str:
@@ -69,11 +91,14 @@ class Worker:
 
     @property
     def running_ids(self) -> list[str]:
-        return list(self._running)
+        return list(self._tasks)
 
     def stop(self) -> None:
-        """Ask the worker to stop reading; running requests get ``drain_timeout_s`` to finish."""
+        """Stop reading and admitting; running requests get ``drain_timeout_s`` to finish, waiting
+        ones stay pending in Redis for another worker."""
         self._stopping.set()
+        self._wake.set()
+        self._room.set()
 
     async def run(self) -> None:
         """Serve until ``stop()``; raises the fatal error that stopped it, if any."""
@@ -82,11 +107,20 @@ class Worker:
         helpers = [
             asyncio.create_task(self._heartbeat(), name="worker-heartbeat"),
             asyncio.create_task(self._listen_for_cancels(), name="worker-cancels"),
+            asyncio.create_task(self._probe_backlog(), name="worker-backlog"),
             asyncio.create_task(self._reclaim_loop(), name="worker-reclaim"),
+            asyncio.create_task(self._read_loop(), name="worker-reader"),
         ]
-        log_event(log, "worker_started", worker=self.worker_id, max_running=self._settings.num_running_max)
+        log_event(
+            log,
+            "worker_started",
+            worker=self.worker_id,
+            policy=self._settings.scheduler.policy,
+            max_running=self._settings.num_running_max,
+            home=",".join(self._settings.home_buckets),
+        )
         try:
-            await self._read_loop()
+            await self._schedule_loop()
         finally:
             await self._drain()
             for task in reversed(helpers):
@@ -99,51 +133,116 @@ class Worker:
         if self._fatal is not None:
             raise self._fatal
 
+    # --- reading ------------------------------------------------------------------------------
+
+    def _room_per_stream(self) -> dict[str, int]:
+        """How many more entries each stream may contribute to the local queue.
+
+        Per tier: ``prefetch`` minus what waits here at that tier or a more urgent one, so a queue
+        full of background work never keeps a realtime request in Redis.
+        """
+        prefetch = self._settings.scheduler.prefetch
+        waiting = list(self.scheduler.waiting())
+        if self._settings.scheduler.policy != "tailcut":
+            room = prefetch - len(waiting)
+            return {stream: room for stream in self._stream_of}
+        rooms: dict[str, int] = {}
+        for stream, (tier, _bucket) in self._stream_of.items():
+            ahead = sum(1 for request in waiting if TIER_RANK[request.tier] <= TIER_RANK[tier])
+            rooms[stream] = prefetch - ahead
+        return rooms
+
     async def _read_loop(self) -> None:
-        streams = self._keys.intake_all()
-        max_running = self._settings.num_running_max
+        home_buckets = set(self._settings.home_buckets)
         while not self._stopping.is_set():
-            free = max_running - len(self._running)
-            if free <= 0:
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
+            rooms = self._room_per_stream()
+            open_streams = [stream for stream, room in rooms.items() if room > 0]
+            if not open_streams:
+                self._room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), timeout=0.5)
                 continue
+            home = [stream for stream in open_streams if self._stream_of[stream][1] in home_buckets]
+            foreign = [stream for stream in open_streams if stream not in home]
             try:
-                entries = await self._take(streams, free)
+                taken = await self._take(home, rooms)
+                if not taken and foreign and self._has_spare_capacity():
+                    # Work stealing: home streams are empty and there is room in the engine.
+                    taken = await self._take(foreign, rooms)
+                    self.stolen_ids.extend(entry.message.id for entry in taken)
+                if not taken:
+                    taken = await self._take_blocking(home or open_streams)
             except RedisError as exc:
                 log_event(log, "intake_read_failed", logging.WARNING, error=str(exc))
                 await asyncio.sleep(0.5)
                 continue
-            for entry in entries:
-                self._start(entry)
+            for entry in taken:
+                self._accept(entry)
 
-    def _start(self, entry: IntakeEntry) -> None:
-        self._entries[entry.message.id] = entry
-        self._running[entry.message.id] = asyncio.create_task(self._serve(entry), name=f"serve-{entry.message.id}")
+    def _has_spare_capacity(self) -> bool:
+        return self.scheduler.num_waiting == 0 and len(self._tasks) < self._settings.num_running_max
 
-    async def _take(self, streams: list[str], free: int) -> list[IntakeEntry]:
-        """Most urgent first: non-blocking reads stream by stream, then one blocking read on all."""
+    async def _take(self, streams: list[str], rooms: dict[str, int]) -> list[IntakeEntry]:
         taken: list[IntakeEntry] = []
         for stream in streams:
-            if free - len(taken) <= 0:
-                return taken
             taken += await intake.read(
-                self._redis, self._keys, self.worker_id, [stream], count=free - len(taken), block_ms=None
+                self._redis, self._keys, self.worker_id, [stream], count=rooms[stream], block_ms=None
             )
-        if taken:
-            return taken
+        return taken
+
+    async def _take_blocking(self, streams: list[str]) -> list[IntakeEntry]:
         return await intake.read(
-            self._blocking,
-            self._keys,
-            self.worker_id,
-            streams,
-            count=1,
-            block_ms=self._settings.read_block_ms,
+            self._blocking, self._keys, self.worker_id, streams, count=1, block_ms=self._settings.read_block_ms
         )
 
-    async def _serve(self, entry: IntakeEntry) -> None:
+    def _accept(self, entry: IntakeEntry) -> None:
+        self.accepted_ids.append(entry.message.id)
+        self._entries[entry.message.id] = entry
+        self.scheduler.add(sched_request(entry.message))
+        self._wake.set()
+
+    # --- scheduling ---------------------------------------------------------------------------
+
+    def view(self) -> EngineView:
+        running = self.scheduler.running.values()
+        slice_tokens = self._settings.scheduler.slice_tokens
+        capacity = self._engine.kv_capacity_tokens or 1 << 40
+        return EngineView(
+            free_slots=self._settings.num_running_max - len(self._tasks),
+            free_kv_tokens=capacity - sum(request.kv_tokens(slice_tokens) for request in running),
+            backlog=dict(self._backlog),
+            step_ms=self._step_ms,
+        )
+
+    async def _schedule_loop(self) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=SCHEDULE_TICK_S)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            decision = self.scheduler.schedule(self.view(), now_ms())
+            for request in decision.admit:
+                entry = self._entries[request.id]
+                self._tasks[request.id] = asyncio.create_task(self._serve(entry, request), name=f"serve-{request.id}")
+            for victim in decision.preempt:
+                task = self._tasks.get(victim.id)
+                if task is not None:
+                    self._preempting.add(victim.id)
+                    task.cancel()
+            if decision.admit:
+                self._room.set()
+            if decision.token_budget != self._budget_applied and self._settings.scheduler.policy == "tailcut":
+                self._budget_applied = decision.token_budget
+                await self._engine.set_token_budget(decision.token_budget)
+
+    # --- one request --------------------------------------------------------------------------
+
+    async def _serve(self, entry: IntakeEntry, request: SchedRequest) -> None:
         message = entry.message
         seq = message.next_seq
+        generated = list(message.generated_token_ids)
+        slice_index = message.slice_index
         started_ms = now_ms()
         outcome = "final"
 
@@ -161,35 +260,66 @@ class Worker:
                 await self._writer.flush()
                 await intake.dead_letter(self._redis, self._keys, entry, "expired")
                 return
-            generated = list(message.generated_token_ids)
-            sampling = replace(message.sampling, max_tokens=message.sampling.max_tokens - len(generated))
-            finish_reason = "stop"
-            async for delta in self._engine.generate(
-                message.id,
-                message.prompt_token_ids + generated,
-                sampling,
-                priority=TIER_PRIORITY[message.tier],
-            ):
-                if delta.token_ids or delta.text:
-                    emit(OutputEvent(rid=message.id, seq=seq, type="chunk", text=delta.text, token_ids=delta.token_ids))
-                    seq += 1
-                    generated += delta.token_ids
-                if delta.finish_reason is not None:
-                    finish_reason = delta.finish_reason
-            emit(
-                OutputEvent(
-                    rid=message.id,
-                    seq=seq,
-                    type="final",
-                    finish_reason=finish_reason,
-                    prompt_tokens=len(message.prompt_token_ids),
-                    completion_tokens=len(generated),
+            while True:
+                limit = self.scheduler.slice_limit(request)
+                sampling = replace(
+                    message.sampling,
+                    max_tokens=limit,
+                    min_tokens=max(0, min(message.sampling.min_tokens - len(generated), limit)),
                 )
-            )
+                finish_reason: str | None = None
+                slice_generated = 0
+                self.num_engine_calls += 1
+                last_delta = time.monotonic()
+                async for delta in self._engine.generate(
+                    f"{message.id}-{slice_index}",
+                    message.prompt_token_ids + generated,
+                    sampling,
+                    priority=self.scheduler.engine_priority(request),
+                ):
+                    if delta.token_ids or delta.text:
+                        emit(
+                            OutputEvent(
+                                rid=message.id, seq=seq, type="chunk", text=delta.text, token_ids=delta.token_ids
+                            )
+                        )
+                        seq += 1
+                        generated += delta.token_ids
+                        slice_generated += len(delta.token_ids)
+                        current = time.monotonic()
+                        gap_ms = (current - last_delta) * 1000
+                        self._step_ms += STEP_SMOOTHING * (gap_ms - self._step_ms)
+                        last_delta = current
+                    if delta.finish_reason is not None:
+                        finish_reason = delta.finish_reason
+                self.scheduler.advance(message.id, slice_generated)
+                if finish_reason != "length" or len(generated) >= message.sampling.max_tokens:
+                    emit(
+                        OutputEvent(
+                            rid=message.id,
+                            seq=seq,
+                            type="final",
+                            finish_reason=finish_reason or "stop",
+                            prompt_tokens=len(message.prompt_token_ids),
+                            completion_tokens=len(generated),
+                        )
+                    )
+                    return
+                slice_index += 1
+                if self.scheduler.at_slice_boundary(message.id, self.view()):
+                    outcome = "yielded"
+                    self.num_yielded += 1
+                    await self._requeue(entry, generated, seq)
+                    return
         except asyncio.CancelledError:
             if message.id in self._cancel_requested:
                 outcome = "cancelled"
                 emit(_error(message.id, seq, "cancelled", "the client cancelled the request"))
+            elif message.id in self._preempting:
+                self._preempting.discard(message.id)
+                outcome = "preempted"
+                self.num_preempted += 1
+                await self._requeue(entry, generated, seq)
             else:
                 # The worker is stopping: leave the entry pending; another worker takes it over
                 # after reclaim_after_ms and resumes from the output already written.
@@ -197,48 +327,84 @@ class Worker:
         except InvalidRequestError as exc:
             outcome = "invalid"
             emit(_error(message.id, seq, "invalid_request", exc.message))
+        except RedisError as exc:
+            # Redis hiccup before or between slices: leave the entry pending; it is reclaimed (by us
+            # or another worker) after reclaim_after_ms and resumes from the output written so far.
+            outcome = "abandoned"
+            log_event(log, "request_redis_error", logging.WARNING, rid=message.id, error=str(exc))
         except EngineDeadError as exc:
             outcome = "engine_dead"
             emit(_error(message.id, seq, "engine_dead", "the inference engine failed; retry the request"))
             self._fatal = exc
-            self._stopping.set()
+            self.stop()
+        except Exception as exc:
+            # A bug, not a client error: the client still gets its one terminal event.
+            outcome = "failed"
+            log.exception("request_failed rid=%s", message.id)
+            emit(_error(message.id, seq, "internal_error", f"the worker failed: {type(exc).__name__}"))
         finally:
-            await self._finish(entry, outcome, started_ms)
+            await self._finish(entry, outcome, started_ms, request)
 
-    async def _finish(self, entry: IntakeEntry, outcome: str, started_ms: int) -> None:
+    async def _requeue(self, entry: IntakeEntry, generated: list[int], next_seq: int) -> None:
+        """Hand the rest of the request back to the intake stream as a continuation.
+
+        Everything emitted so far is flushed first: output stream ids must grow, so a continuation
+        picked up elsewhere must never write before our earlier positions are in.
+        """
+        await self._writer.flush()
+        message = continuation(entry.message, generated, next_seq=next_seq)
+        await intake.requeue(self._redis, self._keys, entry, message)
+
+    async def _finish(
+        self, entry: IntakeEntry, outcome: str, started_ms: int, request: SchedRequest | None = None
+    ) -> None:
+        """Acknowledge (unless handed on) and forget the request.
+
+        A continuation keeps the request id, and may already be read back and running here by the
+        time this runs: only this run's own entry, task and scheduler slot are dropped.
+        """
         message = entry.message
         try:
             await self._writer.flush()
-            if outcome not in ("expired", "abandoned"):
+            if outcome not in ("expired", "abandoned", "yielded", "preempted"):
                 await intake.ack(self._redis, entry)
         except RedisError as exc:
             # Left pending: it will be redelivered, and its written positions are de-duplicated.
             log_event(log, "ack_failed", logging.WARNING, rid=message.id, error=str(exc))
         finally:
-            self._running.pop(message.id, None)
-            self._entries.pop(message.id, None)
-            self._cancel_requested.discard(message.id)
-            self._slot_freed.set()
-            self.served_ids.append(message.id)
+            if request is not None:
+                self.scheduler.finish(message.id, request)
+            if self._tasks.get(message.id) is asyncio.current_task():
+                del self._tasks[message.id]
+                self._cancel_requested.discard(message.id)
+                self._preempting.discard(message.id)
+            if self._entries.get(message.id) is entry:
+                del self._entries[message.id]
+            self._wake.set()
+            self._room.set()
+            if outcome not in ("yielded", "preempted", "abandoned"):
+                self.served_ids.append(message.id)
         log_event(
             log,
-            "request_finished",
+            "request_" + outcome,
             rid=message.id,
             tier=message.tier,
             bucket=message.bucket,
-            outcome=outcome,
+            slice=message.slice_index,
             wait_ms=started_ms - message.enqueued_at_ms,
             run_ms=now_ms() - started_ms,
         )
 
     async def _drain(self) -> None:
-        if not self._running:
+        if not self._tasks:
             return
-        tasks = list(self._running.values())
+        tasks = list(self._tasks.values())
         _done, pending = await asyncio.wait(tasks, timeout=self._settings.drain_timeout_s)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+    # --- helpers loops ------------------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
         while True:
@@ -253,6 +419,16 @@ class Worker:
                 log_event(log, "heartbeat_failed", logging.WARNING, error=str(exc))
             await asyncio.sleep(self._settings.heartbeat_s)
 
+    async def _probe_backlog(self) -> None:
+        streams = list(self._stream_of)
+        while True:
+            try:
+                lags = await intake.backlog(self._redis, streams)
+                self._backlog = {self._stream_of[stream]: lag for stream, lag in lags.items() if lag}
+            except RedisError as exc:
+                log_event(log, "backlog_probe_failed", logging.WARNING, error=str(exc))
+            await asyncio.sleep(BACKLOG_PROBE_S)
+
     async def _listen_for_cancels(self) -> None:
         while True:
             try:
@@ -261,18 +437,45 @@ class Worker:
                     while True:
                         message = await pubsub.get_message(timeout=1.0)
                         if message is not None:
-                            self.cancel(message["data"].decode())
+                            await self.cancel(message["data"].decode())
             except RedisError as exc:
                 log_event(log, "cancel_listener_reconnect", logging.WARNING, error=str(exc))
                 await asyncio.sleep(0.5)
 
+    def preempt(self, request_id: str) -> bool:
+        """Preempt a running request now (what a scheduler decision does): it is aborted in the
+        engine and handed back to the intake stream as a continuation."""
+        task = self._tasks.get(request_id)
+        if task is None:
+            return False
+        self.scheduler.remove(request_id)
+        self._preempting.add(request_id)
+        task.cancel()
+        return True
+
+    async def cancel(self, request_id: str) -> bool:
+        """Abort a running request (cancelling its engine iteration aborts it in vLLM), or drop a
+        waiting one; either way the client gets one terminal ``cancelled`` error."""
+        task = self._tasks.get(request_id)
+        if task is not None:
+            self._cancel_requested.add(request_id)
+            task.cancel()
+            return True
+        entry = self._entries.get(request_id)
+        if entry is None or self.scheduler.remove(request_id) is None:
+            return False
+        self._writer.emit(
+            entry.message.reply_to,
+            _error(request_id, entry.message.next_seq, "cancelled", "the client cancelled the request"),
+        )
+        await self._finish(entry, "cancelled", now_ms())
+        return True
+
     async def _reclaim_loop(self) -> None:
         if not self._settings.reclaim_after_ms:
             return
-        while True:
+        while not self._stopping.is_set():
             await asyncio.sleep(self._settings.reclaim_interval_s)
-            if self._stopping.is_set():
-                return
             try:
                 await self.reclaim_once()
             except RedisError as exc:
@@ -281,14 +484,16 @@ class Worker:
     async def reclaim_once(self) -> int:
         """Take over entries of dead workers (idle past ``reclaim_after_ms``); returns how many."""
         taken = 0
-        for stream in self._keys.intake_all():
-            free = self._settings.num_running_max - len(self._running)
+        for stream in self._stream_of:
+            free = self._settings.num_running_max - len(self._entries)
             if free <= 0:
                 break
             entries = await intake.reclaim(
                 self._redis, self.worker_id, stream, min_idle_ms=self._settings.reclaim_after_ms, count=free
             )
             for entry in entries:
+                if entry.message.id in self._entries:
+                    continue  # our own (a missed claim refresh): still ours
                 taken += 1
                 await self._take_over(entry)
         return taken
@@ -323,23 +528,14 @@ class Worker:
             await intake.dead_letter(self._redis, self._keys, entry, "max_deliveries")
             return
         # Resume where the output stops: the prompt plus every token the client already has.
+        written_tokens = [token for event in written if event.type == "chunk" for token in event.token_ids]
         entry.message = replace(
             message,
-            generated_token_ids=[token for event in written if event.type == "chunk" for token in event.token_ids]
-            or message.generated_token_ids,
+            generated_token_ids=written_tokens or message.generated_token_ids,
             next_seq=next_seq,
             attempt=message.attempt + 1,
         )
-        self._start(entry)
-
-    def cancel(self, request_id: str) -> bool:
-        """Abort a running request (the engine iteration is cancelled, which aborts it in vLLM)."""
-        task = self._running.get(request_id)
-        if task is None:
-            return False
-        self._cancel_requested.add(request_id)
-        task.cancel()
-        return True
+        self._accept(entry)
 
 
 def _error(rid: str, seq: int, code: str, message: str) -> OutputEvent:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -113,6 +114,11 @@ async def test_entry_delivered_too_often_goes_to_the_dead_letter_stream_with_one
 
     async with running_workers([fast_reclaim(redis_url, keys)], engine, redis_url):
         events = [event async for event in reply.events()]
+        # The error is written first, then the entry moves to the dead-letter stream.
+        deadline = time.monotonic() + 5
+        while (await redis.xpending(stream, WORKER_GROUP))["pending"]:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
     reply.close()
     assert [(event.type, event.error_code) for event in events] == [("error", "max_deliveries")]
     (dead,) = await redis.xrange(keys.dead_letter)

@@ -29,6 +29,15 @@ class Engine(Protocol):
     @property
     def max_model_len(self) -> int: ...
 
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the KV cache holds in all."""
+        ...
+
+    async def set_token_budget(self, num_tokens: int) -> int | None:
+        """Apply a per-step token budget; returns the value in force, ``None`` if unsupported."""
+        ...
+
     def generate(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
     ) -> AsyncIterator[EngineDelta]:

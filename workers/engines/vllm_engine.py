@@ -67,9 +67,12 @@ def engine_args(
 class VllmEngine:
     """One ``AsyncLLM`` per worker process."""
 
-    def __init__(self, llm: Any, max_model_len: int) -> None:
+    def __init__(self, llm: Any, max_model_len: int, kv_capacity_tokens: int) -> None:
         self._llm = llm
         self._max_model_len = max_model_len
+        self._kv_capacity_tokens = kv_capacity_tokens
+        # None until probed; False after a failed probe (admission-level budgeting only).
+        self._budget_control: bool | None = None
 
     @classmethod
     def start(cls, model_dir: Path, settings: EngineSettings, *, max_model_len: int | None) -> VllmEngine:
@@ -92,11 +95,42 @@ class VllmEngine:
             args["block_size"],
             (time.monotonic() - started) * 1000,
         )
-        return cls(llm, int(llm.model_config.max_model_len))
+        cache = llm.vllm_config.cache_config
+        return cls(llm, int(llm.model_config.max_model_len), int(cache.num_gpu_blocks or 0) * int(cache.block_size))
 
     @property
     def max_model_len(self) -> int:
         return self._max_model_len
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self._kv_capacity_tokens
+
+    async def set_token_budget(self, num_tokens: int) -> int | None:
+        """Apply the round's token budget to the engine's own step budget; ``None`` when this vLLM
+        does not let us (then the budget only limits admission)."""
+        from workers.engines.vllm_plugin import SET_BUDGET
+
+        if self._budget_control is False:
+            return None
+        try:
+            applied = int(await self._llm.engine_core.call_utility_async(SET_BUDGET, num_tokens))
+        except Exception as exc:  # any failure means "not supported here"; the worker goes on without
+            self._budget_control = False
+            log.warning(
+                "engine_budget_unsupported error=%s: the token budget limits admission only "
+                "(is the tailcut vLLM plugin installed? pip install -e . registers it)",
+                exc,
+            )
+            return None
+        self._budget_control = True
+        return applied
+
+    async def step_tokens(self) -> list[int]:
+        """Tokens scheduled in each recent engine step (after the first ``set_token_budget``)."""
+        from workers.engines.vllm_plugin import STEP_TOKENS
+
+        return list(await self._llm.engine_core.call_utility_async(STEP_TOKENS))
 
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int

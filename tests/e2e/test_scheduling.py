@@ -1,0 +1,181 @@
+"""The scheduler's rules with the real vLLM engine on CPU: budget, slices, preemption, stealing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from queues import intake
+from queues.connection import connect, connect_blocking
+from queues.keys import Keys
+from queues.messages import OutputEvent, SamplingSpec
+from queues.replies import ReplyRouter
+from tests.e2e.test_recovery import message_for
+from tests.e2e.test_streaming import reference_ids
+from tests.stack import running_stack, running_workers, unique_prefix
+from workers.engines.vllm_engine import VllmEngine
+from workers.settings import WorkerSettings
+
+pytestmark = pytest.mark.engine
+API_ID = "api-recovery"  # message_for() replies there
+
+
+@pytest.fixture
+async def setup(redis_url: str) -> AsyncIterator[tuple[aioredis.Redis, Keys, ReplyRouter]]:
+    keys = Keys(unique_prefix())
+    redis = connect(redis_url, timeout_s=1.0)
+    pubsub = connect_blocking(redis_url, block_s=1.0, connect_timeout_s=1.0)
+    router = ReplyRouter(redis, pubsub, keys, API_ID, poll_max_s=0.5)
+    await router.start(wait_s=5)
+    await intake.ensure_groups(redis, keys)
+    yield redis, keys, router
+    await router.stop()
+    found = [key async for key in redis.scan_iter(match=f"{keys.prefix}*")]
+    if found:
+        await redis.delete(*found)
+    await pubsub.aclose()
+    await redis.aclose()
+
+
+def worker_settings(redis_url: str, keys: Keys, **overrides: Any) -> WorkerSettings:
+    return WorkerSettings(
+        redis_url=redis_url, key_prefix=keys.prefix, worker_id=f"w-{keys.prefix}", read_block_ms=100, **overrides
+    )
+
+
+async def test_engine_steps_follow_the_token_budget(engine: VllmEngine) -> None:
+    spec = SamplingSpec(max_tokens=1, temperature=0.0)
+    try:
+        assert await engine.set_token_budget(512) == 512
+        await engine.step_tokens()
+        async for _ in engine.generate("budget-512", list(range(5, 1505)), spec, priority=0):
+            pass
+        small = await engine.step_tokens()
+        assert await engine.set_token_budget(2048) == 2048
+        async for _ in engine.generate("budget-2048", list(range(7, 1507)), spec, priority=0):
+            pass
+        large = await engine.step_tokens()
+        # Never above the engine's start value: its buffers are sized for that.
+        assert await engine.set_token_budget(100_000) == 2048
+    finally:
+        await engine.set_token_budget(2048)
+    assert small == [512, 512, 476]
+    assert large == [1500]
+
+
+async def test_background_preempted_twice_and_sliced_matches_the_uninterrupted_generation(
+    redis_url: str, engine: VllmEngine, setup: tuple[aioredis.Redis, Keys, ReplyRouter]
+) -> None:
+    redis, keys, router = setup
+    prompt_ids = list(range(40, 100))
+    expected = await reference_ids(engine, prompt_ids, 700, "reference-sliced")
+    message = message_for(prompt_ids, 700)
+    message.tier, message.bucket = "background", "long"
+    reply = router.open(message.id)
+    events: list[OutputEvent] = []
+    async with running_workers([worker_settings(redis_url, keys)], engine, redis_url) as (worker,):
+        await intake.enqueue(redis, keys, message)
+        preempt_at = [100, 450]  # inside the first slice, and inside the third
+        async for event in reply.events():
+            events.append(event)
+            generated = sum(len(item.token_ids) for item in events)
+            if preempt_at and generated >= preempt_at[0]:
+                preempt_at.pop(0)
+                assert worker.preempt(message.id)
+        num_engine_calls, num_preempted = worker.num_engine_calls, worker.num_preempted
+    reply.close()
+    tokens = [token for event in events for token in event.token_ids]
+    assert tokens == expected
+    assert [event.seq for event in events] == list(range(1, len(events) + 1))
+    assert [event.type for event in events].count("final") == 1 and events[-1].type == "final"
+    assert events[-1].completion_tokens == 700
+    assert num_preempted == 2
+    # Engine calls of at most 256 tokens: 0-~100 (preempted), -~356, -~450 (preempted), -700.
+    assert num_engine_calls == 4
+
+
+async def test_realtime_starts_before_any_of_8_running_long_background_requests_finishes(
+    redis_url: str, tiny_model: Path, engine: VllmEngine
+) -> None:
+    background = {
+        "model": "tiny",
+        "prompt": "summarise these logs",
+        "max_tokens": 600,
+        "ignore_eos": True,
+        "stream": True,
+        "tier": "background",
+    }
+    finished_at: list[float] = []
+    started = asyncio.Event()
+    num_started = 0
+
+    async def one_background(client: httpx.AsyncClient) -> None:
+        nonlocal num_started
+        first = True
+        async with client.stream("POST", "/v1/completions", json=background) as response:
+            async for line in response.aiter_lines():
+                if first and line.startswith("data: "):
+                    first = False
+                    num_started += 1
+                    if num_started == 8:
+                        started.set()
+        finished_at.append(time.monotonic())
+
+    # Eight slots: the background requests fill the engine, so the realtime one needs a preemption.
+    async with running_stack(redis_url, tiny_model, engine, worker={"max_running": 8}) as stack:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=120) as client:
+            tasks = [asyncio.create_task(one_background(client)) for _ in range(8)]
+            await asyncio.wait_for(started.wait(), timeout=60)
+            body = {
+                "model": "tiny",
+                "prompt": "hi",
+                "max_tokens": 4,
+                "ignore_eos": True,
+                "stream": True,
+                "tier": "realtime",
+            }
+            first_token_at = None
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: ") and first_token_at is None:
+                        first_token_at = time.monotonic()
+            await asyncio.gather(*tasks)
+        preempted = stack.workers[0].num_preempted
+    assert first_token_at is not None
+    assert len(finished_at) == 8
+    assert first_token_at < min(finished_at), "a background request finished before the realtime one started"
+    assert preempted >= 1
+
+
+async def test_a_worker_steals_other_buckets_only_when_its_home_streams_are_empty(
+    redis_url: str, engine: VllmEngine, setup: tuple[aioredis.Redis, Keys, ReplyRouter]
+) -> None:
+    redis, keys, router = setup
+    longs = [message_for(list(range(10, 30)), 8) for _ in range(3)]
+    shorts = [message_for(list(range(10, 20)), 8) for _ in range(3)]
+    for message in longs:
+        message.bucket = "long"
+    streams = []
+    for message in [*shorts, *longs]:
+        streams.append(router.open(message.id))
+        await intake.enqueue(redis, keys, message)
+    settings = worker_settings(redis_url, keys, home_buckets=["long"])
+    async with running_workers([settings], engine, redis_url) as (worker,):
+        for stream in streams:
+            async for _event in stream.events():
+                pass
+            stream.close()
+        accepted = list(worker.accepted_ids)
+        stolen = set(worker.stolen_ids)
+    long_ids = {message.id for message in longs}
+    short_ids = {message.id for message in shorts}
+    assert stolen == short_ids
+    # Every home (long) entry was read before the first stolen one.
+    assert set(accepted[:3]) == long_ids and set(accepted[3:]) == short_ids

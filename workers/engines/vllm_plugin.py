@@ -1,0 +1,62 @@
+"""A vLLM general plugin that lets the worker change the engine's per-step token budget at runtime.
+
+vLLM loads ``vllm.general_plugins`` entry points in every process it starts, the engine-core process
+included; ``register`` adds utility methods to ``EngineCore`` there, which the worker calls with
+``engine_core.call_utility_async(name, ...)``. No public vLLM API changes the budget of a running
+``AsyncLLM`` (ENGINE-NOTES.md): this relies on the scheduler reading
+``scheduler_config.max_num_batched_tokens`` every step and on ``max_num_scheduled_tokens``, both
+internal to vLLM 0.32. ``VllmEngine`` checks at start that the methods answer and otherwise falls
+back to admission-level budgeting with one log line.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+SET_BUDGET = "tailcut_set_token_budget"
+STEP_TOKENS = "tailcut_step_tokens"
+# How many recent engine steps keep their scheduled-token count (for tests and diagnostics).
+STEPS_KEPT = 256
+
+
+def _set_token_budget(core: Any, num_tokens: int) -> int:
+    """Set the step budget to ``num_tokens``, never above the value the engine started with (its
+    buffers are sized for that); returns the budget in force."""
+    scheduler = core.scheduler
+    if not hasattr(core, "_tailcut_start_budget"):
+        core._tailcut_start_budget = int(scheduler.scheduler_config.max_num_batched_tokens)
+        _record_steps(core)
+    budget: int = max(1, min(int(num_tokens), int(core._tailcut_start_budget)))
+    scheduler.max_num_scheduled_tokens = budget
+    scheduler.scheduler_config.max_num_batched_tokens = budget
+    return budget
+
+
+def _record_steps(core: Any) -> None:
+    scheduler = core.scheduler
+    original = scheduler.schedule
+    core._tailcut_steps = deque(maxlen=STEPS_KEPT)
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        output = original(*args, **kwargs)
+        if output.total_num_scheduled_tokens:
+            core._tailcut_steps.append(int(output.total_num_scheduled_tokens))
+        return output
+
+    scheduler.schedule = schedule
+
+
+def _step_tokens(core: Any) -> list[int]:
+    """Scheduled tokens of the recent steps (oldest first), then forget them."""
+    steps: deque[int] = getattr(core, "_tailcut_steps", deque())
+    recorded = list(steps)
+    steps.clear()
+    return recorded
+
+
+def register() -> None:
+    from vllm.v1.engine.core import EngineCore
+
+    setattr(EngineCore, SET_BUDGET, _set_token_budget)
+    setattr(EngineCore, STEP_TOKENS, _step_tokens)
