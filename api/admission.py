@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import get_args
 
-from api.predictor import PriorPredictor
+from api.predictor import OutputLengthPredictor
 from api.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
 from api.settings import ApiSettings
 from api.tokenize import PromptTokenizer
@@ -39,12 +39,12 @@ def bucket_of(num_tokens: int, settings: ApiSettings) -> Bucket:
 
 class Admission:
     def __init__(
-        self, settings: ApiSettings, tokenizer: PromptTokenizer, model: ServedModel, predictor: PriorPredictor
+        self, settings: ApiSettings, tokenizer: PromptTokenizer, model: ServedModel, predictor: OutputLengthPredictor
     ) -> None:
         self._settings = settings
         self._tokenizer = tokenizer
         self._model = model
-        self._predictor = predictor
+        self.predictor = predictor
 
     def check_model(self, requested: str | None) -> None:
         if requested is not None and requested != self._model.name:
@@ -129,7 +129,7 @@ class Admission:
                     code="context_length_exceeded",
                 )
         tenant = tenant_header or body.user or "default"
-        predicted = self._predictor.predict(tier=tier, tenant=tenant, prompt_tokens=num_prompt, max_tokens=max_tokens)
+        predicted = self.predictor.predict(tier=tier, tenant=tenant, prompt_tokens=num_prompt, max_tokens=max_tokens)
         now_ms = int(time.time() * 1000)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         return RequestMessage(

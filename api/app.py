@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from api import errors, health, jobs_routes, openai_routes
 from api.admission import Admission, ServedModel
 from api.jobs_schemas import JobsSettings, connect_arq
-from api.predictor import PriorPredictor
+from api.predictor import OutputLengthPredictor
 from api.settings import ApiSettings
 from api.state import ApiState
 from api.tokenize import PromptTokenizer
@@ -62,7 +62,7 @@ def create_app(
             pubsub_redis=pubsub_redis,
             router=router,
             tokenizer=tokenizer,
-            admission=Admission(settings, tokenizer, model, PriorPredictor()),
+            admission=Admission(settings, tokenizer, model, OutputLengthPredictor()),
             model=model,
             jobs_settings=jobs,
             arq=arq,

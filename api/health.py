@@ -1,11 +1,13 @@
-"""Liveness and readiness."""
+"""Liveness, readiness and metrics."""
 
 from __future__ import annotations
 
 import time
 
 from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
+from starlette.responses import Response
 
 from api.responses import OrjsonResponse
 from api.state import ApiState
@@ -39,3 +41,10 @@ async def readyz(request: Request) -> OrjsonResponse:
         problems.append("no live worker")
     body = {"ready": not problems, "workers": workers, "model": state.model.name, "problems": problems}
     return OrjsonResponse(body, status_code=200 if not problems else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition of this API process."""
+    state: ApiState = request.app.state.tailcut
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from api.admission import TENANT_HEADER, TIER_HEADER
 from api.errors import error_body
+from api.metrics import RequestTracker
 from api.render import ChatRenderer, CompletionRenderer, Renderer
 from api.responses import EventStreamResponse, OrjsonResponse
 from api.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
@@ -125,11 +126,12 @@ async def respond(
         message.id, state.model.name, return_token_ids=body.return_token_ids, include_usage=include_usage
     )
     stream = await submit(state, message)
+    tracker = state.metrics.track(message, state.admission.predictor)
     headers = {REQUEST_ID_HEADER: message.id}
     if body.stream:
-        return EventStreamResponse(event_stream(state, stream, renderer), headers=headers)
+        return EventStreamResponse(event_stream(state, stream, renderer, tracker), headers=headers)
     try:
-        whole = await until_disconnect(request, collect(stream, renderer))
+        whole = await until_disconnect(request, collect(stream, renderer, tracker))
     except ClientGone:
         state.spawn(send_cancel(state, message.id))
         return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -142,13 +144,17 @@ def sse(data: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
-async def event_stream(state: ApiState, stream: ReplyStream, renderer: Renderer) -> AsyncIterator[bytes]:
+async def event_stream(
+    state: ApiState, stream: ReplyStream, renderer: Renderer, tracker: RequestTracker
+) -> AsyncIterator[bytes]:
     finished = False
+    state.metrics.open_streams.inc()
     try:
         opening = renderer.opening()
         if opening is not None:
             yield sse(opening)
         async for event in stream.events():
+            tracker.on_event(event)
             if event.type == "chunk":
                 yield sse(renderer.content(event))
             elif event.type == "final":
@@ -163,16 +169,18 @@ async def event_stream(state: ApiState, stream: ReplyStream, renderer: Renderer)
         yield DONE
     finally:
         stream.close()
+        state.metrics.open_streams.dec()
         if not finished:
             # The client left (or the server is stopping): cancel so the worker aborts the engine
             # request. Sent from a detached task because this generator is being cancelled.
             state.spawn(send_cancel(state, stream.request_id))
 
 
-async def collect(stream: ReplyStream, renderer: Renderer) -> dict[str, Any]:
+async def collect(stream: ReplyStream, renderer: Renderer, tracker: RequestTracker) -> dict[str, Any]:
     texts: list[str] = []
     token_ids: list[int] = []
     async for event in stream.events():
+        tracker.on_event(event)
         if event.type == "chunk":
             texts.append(event.text)
             token_ids += event.token_ids

@@ -12,6 +12,7 @@ from arq.connections import ArqRedis
 
 from api.admission import Admission, ServedModel
 from api.jobs_schemas import JobsSettings
+from api.metrics import ApiMetrics
 from api.settings import ApiSettings
 from api.tokenize import PromptTokenizer
 from queues.keys import Keys
@@ -31,6 +32,7 @@ class ApiState:
     # Batch jobs: their settings and the arq client (JSON serializer) that enqueues and inspects them.
     jobs_settings: JobsSettings
     arq: ArqRedis
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:

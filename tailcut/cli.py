@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from bench import cli as bench_cli
 from tailcut import jobs_cli, logs
 from tailcut.errors import TailcutError
 
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=cmd_worker)
 
     jobs_cli.add_parser(sub)
+    bench_cli.add_parser(sub)
 
     up = sub.add_parser("up", help="run the whole stack locally: Redis if needed, workers, API")
     up.add_argument("--model", default="smollm2", help="model folder or `smollm2` (default)")

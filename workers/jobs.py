@@ -38,7 +38,7 @@ from api.jobs_schemas import (
     chunk_messages,
     reduce_messages,
 )
-from api.predictor import PriorPredictor
+from api.predictor import OutputLengthPredictor
 from api.schemas import ChatCompletionRequest, ChatMessage
 from api.settings import ApiSettings
 from api.tokenize import PromptTokenizer
@@ -84,7 +84,7 @@ class JobRunner:
         self._tokenizer = tokenizer
         self.model = model
         self.store = JobStore(redis, self.keys)
-        self._admission = Admission(admission_settings, tokenizer, model, PriorPredictor())
+        self._admission = Admission(admission_settings, tokenizer, model, OutputLengthPredictor())
         self._cancel_ttl_s = admission_settings.cancel_ttl_s
 
     @classmethod

@@ -56,6 +56,12 @@ class EngineSettings(BaseModel):
                 )
             if self.dtype == "float16":
                 raise ValueError("float16 is not supported by vLLM on CPU: use float32 or bfloat16")
+        if self.quantization == "fp8" and self.dtype == "float32":
+            raise ValueError(
+                "fp8 quantization computes in 16-bit: set TAILCUT_ENGINE__DTYPE to bfloat16, float16 or auto"
+            )
+        if self.block_size is not None and (self.block_size < 8 or self.block_size & (self.block_size - 1)):
+            raise ValueError(f"block_size {self.block_size} must be a power of two from 8 (16 on GPU, 32 on CPU)")
         return self
 
 

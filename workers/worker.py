@@ -103,6 +103,11 @@ class Worker:
     async def run(self) -> None:
         """Serve until ``stop()``; raises the fatal error that stopped it, if any."""
         await intake.ensure_groups(self._redis, self._keys)
+        if self._settings.scheduler.policy == "tailcut":
+            # Check once at start that the engine's step budget can follow the scheduler's; if not,
+            # VllmEngine logs it once and the budget limits admission only.
+            self._budget_applied = await self._engine.set_token_budget(self._settings.scheduler.max_budget_tokens)
+            log_event(log, "engine_budget_control", enabled=self._budget_applied is not None)
         self._writer.start()
         helpers = [
             asyncio.create_task(self._heartbeat(), name="worker-heartbeat"),

@@ -168,9 +168,14 @@ async def test_non_streaming_chat_returns_one_body_with_usage(
                 headers={"X-Tailcut-Tier": "background"},
                 json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "ignore_eos": True},
             )
+            metrics = (await client.get("/metrics")).text
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"]["role"] == "assistant"
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 5
+    # Predicted min(5, prior 1024) = 5 tokens, got 5: one observation of error 0.
+    assert 'tailcut_prediction_error_tokens_count{tier="background"} 1.0' in metrics
+    assert 'tailcut_prediction_error_tokens_bucket{le="1.0",tier="background"} 1.0' in metrics
+    assert 'tailcut_requests_admitted_total{bucket="short",tier="background"} 1.0' in metrics

@@ -128,3 +128,23 @@ def test_renderers_shape_openai_chunks() -> None:
     assert chat.usage_chunk(final)["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
     whole = CompletionRenderer("r", "m", return_token_ids=False, include_usage=False).whole("hi!", [7, 8], final)
     assert whole["choices"][0] == {"index": 0, "text": "hi!", "logprobs": None, "finish_reason": "stop"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"quantization": "fp8", "dtype": "float32"}, "fp8 quantization computes in 16-bit"),
+        ({"block_size": 24}, "power of two"),
+        ({"device": "cpu", "dtype": "float16"}, "float16 is not supported by vLLM on CPU"),
+    ],
+)
+def test_engine_settings_refuse_invalid_pools_with_the_fix(overrides: dict[str, object], words: str) -> None:
+    with pytest.raises(ValidationError, match=words):
+        EngineSettings(**overrides)  # type: ignore[arg-type]
+
+
+def test_worker_budget_cannot_exceed_the_engine_step_budget() -> None:
+    from workers.settings import WorkerSettings
+
+    with pytest.raises(ValidationError, match="exceeds the engine's max_num_batched_tokens"):
+        WorkerSettings(engine={"max_num_batched_tokens": 1024})  # type: ignore[arg-type]

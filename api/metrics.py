@@ -1,0 +1,94 @@
+"""Prometheus metrics of one API process (``GET /metrics``), on a registry of its own.
+
+Latencies are measured here from admission (the moment the request is accepted) to the first
+content chunk (TTFT) and to the terminal event (E2E), per tier; the output-length predictor's error
+is recorded when the real length is known.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from api.predictor import OutputLengthPredictor
+from queues.messages import OutputEvent, RequestMessage
+
+LATENCY_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
+TOKEN_ERROR_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+class ApiMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.admitted = Counter(
+            "tailcut_requests_admitted_total",
+            "Requests accepted into the intake streams.",
+            ["tier", "bucket"],
+            registry=self.registry,
+        )
+        self.finished = Counter(
+            "tailcut_requests_finished_total",
+            "Requests that reached a terminal event.",
+            ["tier", "outcome"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "tailcut_ttft_seconds",
+            "Admission to first content chunk.",
+            ["tier"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "tailcut_e2e_seconds",
+            "Admission to terminal event.",
+            ["tier"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.prediction_error = Histogram(
+            "tailcut_prediction_error_tokens",
+            "Absolute error of the output-length prediction made at admission.",
+            ["tier"],
+            buckets=TOKEN_ERROR_BUCKETS,
+            registry=self.registry,
+        )
+        self.open_streams = Gauge(
+            "tailcut_open_streams", "Requests this process is waiting on.", registry=self.registry
+        )
+
+    def track(self, message: RequestMessage, predictor: OutputLengthPredictor) -> RequestTracker:
+        self.admitted.labels(message.tier, message.bucket).inc()
+        return RequestTracker(self, message, predictor)
+
+
+class RequestTracker:
+    """Follows one request's events for the metrics and teaches the predictor its real length."""
+
+    def __init__(self, metrics: ApiMetrics, message: RequestMessage, predictor: OutputLengthPredictor) -> None:
+        self._metrics = metrics
+        self._message = message
+        self._predictor = predictor
+        self._started = time.monotonic()
+        self._first_chunk = False
+
+    def on_event(self, event: OutputEvent) -> None:
+        tier = self._message.tier
+        if event.type == "chunk" and not self._first_chunk:
+            self._first_chunk = True
+            self._metrics.ttft.labels(tier).observe(time.monotonic() - self._started)
+        elif event.type == "final":
+            self._metrics.e2e.labels(tier).observe(time.monotonic() - self._started)
+            self._metrics.finished.labels(tier, "final").inc()
+            output_tokens = event.completion_tokens or 0
+            error = abs(self._message.predicted_output_tokens - output_tokens)
+            self._metrics.prediction_error.labels(tier).observe(error)
+            self._predictor.observe(
+                tier=tier,
+                tenant=self._message.tenant,
+                prompt_tokens=len(self._message.prompt_token_ids),
+                output_tokens=output_tokens,
+            )
+        elif event.type == "error":
+            self._metrics.finished.labels(tier, event.error_code or "error").inc()
