@@ -11,12 +11,12 @@ from fastapi import FastAPI
 
 from api import errors, health, jobs_routes, openai_routes
 from api.admission import Admission, ServedModel
-from api.jobs_schemas import JobsSettings, connect_arq
 from api.predictor import OutputLengthPredictor
 from api.settings import ApiSettings
 from api.state import ApiState
 from api.tokenize import PromptTokenizer
 from queues.connection import check_redis, connect, connect_blocking
+from queues.jobs import JobsSettings, connect_arq
 from queues.keys import Keys
 from queues.replies import ReplyRouter
 from tailcut.errors import ServiceUnavailableError

@@ -21,7 +21,10 @@ from fastapi import APIRouter, Depends, Request
 from redis.exceptions import RedisError
 
 from api.admission import TENANT_HEADER
-from api.jobs_schemas import (
+from api.openai_routes import check_auth, get_state
+from api.responses import OrjsonResponse
+from api.state import ApiState
+from queues.jobs import (
     ARQ_START_WINDOW_S,
     JOB_FUNCTION,
     TERMINAL_STATUSES,
@@ -33,9 +36,6 @@ from api.jobs_schemas import (
     chunk_messages,
     loads_job,
 )
-from api.openai_routes import check_auth, get_state
-from api.responses import OrjsonResponse
-from api.state import ApiState
 from tailcut.errors import InvalidRequestError, JobFailedError, JobNotFoundError, ServiceUnavailableError
 
 router = APIRouter(dependencies=[Depends(check_auth)])

@@ -11,10 +11,10 @@ import redis.asyncio as aioredis
 from arq.connections import ArqRedis
 
 from api.admission import Admission, ServedModel
-from api.jobs_schemas import JobsSettings
 from api.metrics import ApiMetrics
 from api.settings import ApiSettings
 from api.tokenize import PromptTokenizer
+from queues.jobs import JobsSettings
 from queues.keys import Keys
 from queues.replies import ReplyRouter
 

@@ -24,8 +24,8 @@ def cmd_api(args: argparse.Namespace) -> None:
     import uvicorn
 
     from api.app import create_app
-    from api.jobs_schemas import JobsSettings
     from api.settings import ApiSettings
+    from queues.jobs import JobsSettings
 
     settings = ApiSettings(**_overrides(args, ["host", "port", "model", "redis_url"]))  # type: ignore[arg-type]
     jobs_settings = JobsSettings(**_overrides(args, ["model", "redis_url"]))  # type: ignore[arg-type]

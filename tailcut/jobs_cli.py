@@ -58,8 +58,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_jobs(args: argparse.Namespace) -> None:
-    from api.jobs_schemas import JobsSettings
     from api.settings import ApiSettings
+    from queues.jobs import JobsSettings
     from workers.jobs_main import serve
 
     overrides = {name: getattr(args, name) for name in ("model", "redis_url") if getattr(args, name, None)}

@@ -21,9 +21,9 @@ from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix,
 from redis.exceptions import RedisError
 
 from api.app import create_app
-from api.jobs_schemas import JobsSettings, connect_arq
 from api.settings import ApiSettings
 from queues.connection import connect, connect_blocking
+from queues.jobs import JobsSettings, connect_arq
 from queues.keys import Keys
 from workers.engines.base import Engine
 from workers.jobs import JobRunner, build_worker, close_worker, run_worker

@@ -27,7 +27,13 @@ from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
 from api.admission import Admission, ServedModel
-from api.jobs_schemas import (
+from api.predictor import OutputLengthPredictor
+from api.schemas import ChatCompletionRequest, ChatMessage
+from api.settings import ApiSettings
+from api.tokenize import PromptTokenizer
+from queues import intake, output
+from queues.connection import connect, connect_blocking
+from queues.jobs import (
     ARQ_START_WINDOW_S,
     JOB_FUNCTION,
     Answer,
@@ -38,12 +44,6 @@ from api.jobs_schemas import (
     chunk_messages,
     reduce_messages,
 )
-from api.predictor import OutputLengthPredictor
-from api.schemas import ChatCompletionRequest, ChatMessage
-from api.settings import ApiSettings
-from api.tokenize import PromptTokenizer
-from queues import intake, output
-from queues.connection import connect, connect_blocking
 from queues.keys import Keys
 from queues.replies import ReplyRouter
 from tailcut.errors import InvalidRequestError, JobFailedError

@@ -11,9 +11,9 @@ import asyncio
 import logging
 import signal
 
-from api.jobs_schemas import JobsSettings, connect_arq
 from api.settings import ApiSettings
 from queues.connection import check_redis
+from queues.jobs import JobsSettings, connect_arq
 from tailcut.logs import log_event
 from tailcut.models import resolve_model
 from workers.jobs import JobRunner, build_worker, close_worker, run_worker

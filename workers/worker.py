@@ -80,7 +80,8 @@ class Worker:
         # Ids of the requests this worker brought to a terminal state, newest last (bounded).
         self.served_ids: deque[str] = deque(maxlen=SERVED_IDS_KEPT)
         self.stolen_ids: deque[str] = deque(maxlen=SERVED_IDS_KEPT)
-        self.accepted_ids: deque[str] = deque(maxlen=SERVED_IDS_KEPT)  # in the order read
+        # (request id, time.monotonic()) of every entry read, in order.
+        self.accepted: deque[tuple[str, float]] = deque(maxlen=SERVED_IDS_KEPT)
         self.num_preempted = 0
         self.num_yielded = 0
         self.num_engine_calls = 0
@@ -201,7 +202,7 @@ class Worker:
         )
 
     def _accept(self, entry: IntakeEntry) -> None:
-        self.accepted_ids.append(entry.message.id)
+        self.accepted.append((entry.message.id, time.monotonic()))
         self._entries[entry.message.id] = entry
         self.scheduler.add(sched_request(entry.message))
         self._wake.set()

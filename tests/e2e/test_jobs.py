@@ -13,8 +13,8 @@ import httpx
 import orjson
 import pytest
 
-from api.jobs_schemas import chunk_messages, split_chunks
 from api.tokenize import PromptTokenizer
+from queues.jobs import chunk_messages, split_chunks
 from queues.messages import SamplingSpec
 from queues.output import read_output
 from tests.conftest import TEST_MAX_MODEL_LEN

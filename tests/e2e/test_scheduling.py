@@ -45,9 +45,8 @@ async def setup(redis_url: str) -> AsyncIterator[tuple[aioredis.Redis, Keys, Rep
 
 
 def worker_settings(redis_url: str, keys: Keys, **overrides: Any) -> WorkerSettings:
-    return WorkerSettings(
-        redis_url=redis_url, key_prefix=keys.prefix, worker_id=f"w-{keys.prefix}", read_block_ms=100, **overrides
-    )
+    overrides.setdefault("worker_id", f"w-{keys.prefix}")
+    return WorkerSettings(redis_url=redis_url, key_prefix=keys.prefix, read_block_ms=100, **overrides)
 
 
 async def test_engine_steps_follow_the_token_budget(engine: VllmEngine) -> None:
@@ -154,28 +153,36 @@ async def test_realtime_starts_before_any_of_8_running_long_background_requests_
     assert preempted >= 1
 
 
-async def test_a_worker_steals_other_buckets_only_when_its_home_streams_are_empty(
+async def test_two_workers_with_different_home_buckets_steal_only_when_their_home_streams_are_empty(
     redis_url: str, engine: VllmEngine, setup: tuple[aioredis.Redis, Keys, ReplyRouter]
 ) -> None:
     redis, keys, router = setup
-    longs = [message_for(list(range(10, 30)), 8) for _ in range(3)]
-    shorts = [message_for(list(range(10, 20)), 8) for _ in range(3)]
+    shorts = [message_for(list(range(10, 20)), 16) for _ in range(8)]
+    longs = [message_for(list(range(10, 30)), 16) for _ in range(2)]
     for message in longs:
         message.bucket = "long"
     streams = []
     for message in [*shorts, *longs]:
         streams.append(router.open(message.id))
         await intake.enqueue(redis, keys, message)
-    settings = worker_settings(redis_url, keys, home_buckets=["long"])
-    async with running_workers([settings], engine, redis_url) as (worker,):
+    short_home = worker_settings(redis_url, keys, home_buckets=["short"], max_running=1, worker_id="short-home")
+    short_home.scheduler.prefetch = 2
+    long_home = worker_settings(redis_url, keys, home_buckets=["long"], worker_id="long-home")
+    async with running_workers([short_home, long_home], engine, redis_url) as workers:
         for stream in streams:
             async for _event in stream.events():
                 pass
             stream.close()
-        accepted = list(worker.accepted_ids)
-        stolen = set(worker.stolen_ids)
-    long_ids = {message.id for message in longs}
-    short_ids = {message.id for message in shorts}
-    assert stolen == short_ids
-    # Every home (long) entry was read before the first stolen one.
-    assert set(accepted[:3]) == long_ids and set(accepted[3:]) == short_ids
+    read_at = {request_id: at for worker in workers for request_id, at in worker.accepted}
+    bucket_of = {message.id: message.bucket for message in [*shorts, *longs]}
+    assert sorted(read_at) == sorted(bucket_of), "every request read exactly once overall"
+    home_of = {"short-home": "short", "long-home": "long"}
+    for worker in workers:
+        home = home_of[worker.worker_id]
+        assert all(bucket_of[request_id] != home for request_id in worker.stolen_ids)
+        for request_id in worker.stolen_ids:
+            # When this worker stole, every entry of its home bucket had already been read.
+            home_entries = [other for other, bucket in bucket_of.items() if bucket == home]
+            assert all(read_at[other] < read_at[request_id] for other in home_entries)
+    # The long-bucket worker ran out of home work while short requests still waited: it stole.
+    assert len(workers[1].stolen_ids) >= 1

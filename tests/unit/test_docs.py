@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from api.jobs_schemas import JobsSettings
 from api.settings import ApiSettings
+from queues.jobs import JobsSettings
 from workers.settings import EngineSettings, SchedulerSettings, WorkerSettings
 
 README = (Path(__file__).parents[2] / "README.md").read_text()

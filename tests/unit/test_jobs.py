@@ -10,7 +10,7 @@ import pytest
 from arq.jobs import deserialize_result, serialize_job, serialize_result
 from pydantic import ValidationError
 
-from api.jobs_schemas import (
+from queues.jobs import (
     Answer,
     JobRequest,
     JobSpec,
