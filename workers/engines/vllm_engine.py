@@ -7,7 +7,6 @@ priority policy with the tier as priority.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import time
@@ -164,10 +163,14 @@ class VllmEngine:
         llm, self._llm = self._llm, None
         if llm is not None:
             llm.shutdown()
-            # Collect it now, while the interpreter is whole: AsyncLLM.__del__ calls shutdown again
-            # and fails noisily when it runs at interpreter exit instead.
-            del llm
-            gc.collect()
+            # AsyncLLM.__del__ calls shutdown() again; when that happens at interpreter exit, vLLM's
+            # module globals are gone and it prints a traceback. It is already shut down: make the
+            # second call a no-op.
+            llm.shutdown = _already_shut_down
+
+
+def _already_shut_down(timeout: float | None = None) -> None:
+    return None
 
 
 def _sampling_params(spec: SamplingSpec) -> Any:
