@@ -213,8 +213,10 @@ class Worker:
         running = self.scheduler.running.values()
         slice_tokens = self._settings.scheduler.slice_tokens
         capacity = self._engine.kv_capacity_tokens or 1 << 40
+        # Slots as the scheduler sees them: a request being preempted has left ``running`` already
+        # (its abort is in flight), so it is not preempted a second time on the next round.
         return EngineView(
-            free_slots=self._settings.num_running_max - len(self._tasks),
+            free_slots=self._settings.num_running_max - len(running),
             free_kv_tokens=capacity - sum(request.kv_tokens(slice_tokens) for request in running),
             backlog=dict(self._backlog),
             step_ms=self._step_ms,
