@@ -53,8 +53,22 @@ class Renderer:
             "usage": usage(event),
         }
 
-    def whole(self, text: str, token_ids: list[int], final: OutputEvent) -> dict[str, Any]:
+    def whole_choice(self, text: str) -> dict[str, Any]:
         raise NotImplementedError
+
+    def whole(self, text: str, token_ids: list[int], final: OutputEvent) -> dict[str, Any]:
+        """The whole response of a non-streaming request."""
+        choice = {**self.whole_choice(text), "finish_reason": final.finish_reason}
+        if self.return_token_ids:
+            choice["token_ids"] = token_ids
+        return {
+            "id": self.id,
+            "object": self.object_whole,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage(final),
+        }
 
 
 def usage(event: OutputEvent) -> dict[str, int]:
@@ -87,23 +101,8 @@ class ChatRenderer(Renderer):
     def finish(self, event: OutputEvent) -> dict[str, Any]:
         return self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": event.finish_reason})
 
-    def whole(self, text: str, token_ids: list[int], final: OutputEvent) -> dict[str, Any]:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": final.finish_reason,
-        }
-        if self.return_token_ids:
-            choice["token_ids"] = token_ids
-        return {
-            "id": self.id,
-            "object": self.object_whole,
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-            "usage": usage(final),
-        }
+    def whole_choice(self, text: str) -> dict[str, Any]:
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
 
 
 class CompletionRenderer(Renderer):
@@ -120,15 +119,5 @@ class CompletionRenderer(Renderer):
     def finish(self, event: OutputEvent) -> dict[str, Any]:
         return self._chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": event.finish_reason})
 
-    def whole(self, text: str, token_ids: list[int], final: OutputEvent) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": final.finish_reason}
-        if self.return_token_ids:
-            choice["token_ids"] = token_ids
-        return {
-            "id": self.id,
-            "object": self.object_whole,
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-            "usage": usage(final),
-        }
+    def whole_choice(self, text: str) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -13,35 +12,16 @@ import pytest
 import redis.asyncio as aioredis
 
 from queues import intake
-from queues.connection import connect, connect_blocking
 from queues.keys import Keys
 from queues.messages import OutputEvent, SamplingSpec
 from queues.replies import ReplyRouter
 from tests.e2e.test_recovery import message_for
 from tests.e2e.test_streaming import reference_ids
-from tests.stack import running_stack, running_workers, unique_prefix
+from tests.stack import running_stack, running_workers
 from workers.engines.vllm_engine import VllmEngine
 from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.engine
-API_ID = "api-recovery"  # message_for() replies there
-
-
-@pytest.fixture
-async def setup(redis_url: str) -> AsyncIterator[tuple[aioredis.Redis, Keys, ReplyRouter]]:
-    keys = Keys(unique_prefix())
-    redis = connect(redis_url, timeout_s=1.0)
-    pubsub = connect_blocking(redis_url, block_s=1.0, connect_timeout_s=1.0)
-    router = ReplyRouter(redis, pubsub, keys, API_ID, poll_max_s=0.5)
-    await router.start(wait_s=5)
-    await intake.ensure_groups(redis, keys)
-    yield redis, keys, router
-    await router.stop()
-    found = [key async for key in redis.scan_iter(match=f"{keys.prefix}*")]
-    if found:
-        await redis.delete(*found)
-    await pubsub.aclose()
-    await redis.aclose()
 
 
 def worker_settings(redis_url: str, keys: Keys, **overrides: Any) -> WorkerSettings:
