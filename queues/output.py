@@ -78,7 +78,12 @@ class OutputWriter:
             if not self._pending:
                 continue
             batch, self._pending = self._pending, []
-            await self._write(batch)
+            try:
+                await self._write(batch)
+            except Exception:
+                # Not a Redis outage (those are retried): a bug. The writer must outlive it, or every
+                # later flush() would wait forever; the batch is lost and says so loudly.
+                log.exception("output_write_dropped events=%d", len(batch))
             self._num_written += len(batch)
             async with self._written:
                 self._written.notify_all()

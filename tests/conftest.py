@@ -53,3 +53,24 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+# A test still running this long prints every asyncio task's stack, so a hang in CI says where it
+# waits (pytest-timeout only shows the event loop's select()). Below the per-test timeout of 300 s.
+WATCHDOG_S = 240
+
+
+@pytest.fixture(autouse=True)
+async def asyncio_watchdog() -> AsyncIterator[None]:
+    import asyncio
+    import sys
+
+    async def dump_after_delay() -> None:
+        await asyncio.sleep(WATCHDOG_S)
+        print(f"\n--- asyncio tasks after {WATCHDOG_S} s ---", file=sys.stderr)
+        for task in asyncio.all_tasks():
+            task.print_stack(limit=8, file=sys.stderr)
+
+    watchdog = asyncio.create_task(dump_after_delay())
+    yield
+    watchdog.cancel()

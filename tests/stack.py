@@ -50,7 +50,9 @@ async def running_api(
 ) -> AsyncIterator[str]:
     """Serve the API with uvicorn on a free loopback port; yields its base URL."""
     app = create_app(settings, model_dir=model_dir, jobs_settings=jobs_settings or JobsSettings())
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:

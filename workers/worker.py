@@ -182,6 +182,10 @@ class Worker:
                 log_event(log, "intake_read_failed", logging.WARNING, error=str(exc))
                 await asyncio.sleep(0.5)
                 continue
+            except Exception:
+                log.exception("intake_read_failed")
+                await asyncio.sleep(0.5)
+                continue
             for entry in taken:
                 self._accept(entry)
 
@@ -229,20 +233,32 @@ class Worker:
             self._wake.clear()
             if self._stopping.is_set():
                 return
-            decision = self.scheduler.schedule(self.view(), now_ms())
-            for request in decision.admit:
-                entry = self._entries[request.id]
-                self._tasks[request.id] = asyncio.create_task(self._serve(entry, request), name=f"serve-{request.id}")
-            for victim in decision.preempt:
-                task = self._tasks.get(victim.id)
-                if task is not None:
-                    self._preempting.add(victim.id)
-                    task.cancel()
-            if decision.admit:
-                self._room.set()
-            if decision.token_budget != self._budget_applied and self._settings.scheduler.policy == "tailcut":
-                self._budget_applied = decision.token_budget
-                await self._engine.set_token_budget(decision.token_budget)
+            try:
+                await self._schedule_round()
+            except RedisError as exc:
+                log_event(log, "schedule_round_failed", logging.WARNING, error=str(exc))
+            except Exception:
+                log.exception("schedule_round_failed")
+
+    async def _schedule_round(self) -> None:
+        decision = self.scheduler.schedule(self.view(), now_ms())
+        for request in decision.admit:
+            entry = self._entries.get(request.id)
+            if entry is None:  # never expected: the scheduler and the entry table disagree
+                log_event(log, "admitted_without_entry", logging.ERROR, rid=request.id)
+                self.scheduler.finish(request.id, request)
+                continue
+            self._tasks[request.id] = asyncio.create_task(self._serve(entry, request), name=f"serve-{request.id}")
+        for victim in decision.preempt:
+            task = self._tasks.get(victim.id)
+            if task is not None:
+                self._preempting.add(victim.id)
+                task.cancel()
+        if decision.admit:
+            self._room.set()
+        if decision.token_budget != self._budget_applied and self._settings.scheduler.policy == "tailcut":
+            self._budget_applied = decision.token_budget
+            await self._engine.set_token_budget(decision.token_budget)
 
     # --- one request --------------------------------------------------------------------------
 
