@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import time
 import urllib.error
@@ -107,6 +108,9 @@ def read_log(file: str) -> str:
 
 
 def cmd_submit(args: argparse.Namespace) -> None:
+    # Ctrl-C deletes the job; a process started in the background inherits SIGINT ignored, so the
+    # handler is installed explicitly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     client = ApiClient(args.url, os.environ.get(API_KEY_ENV))
     body: dict[str, Any] = {"logs": read_log(args.file), "instruction": args.instruction, "reduce": args.reduce}
     for name in ("chunk_lines", "max_tokens", "tenant"):
