@@ -25,6 +25,7 @@ from tailcut.logs import log_event
 log = logging.getLogger("tailcut.replies")
 
 FIRST_POLL_S = 0.5
+STOP_WAIT_S = 5.0
 
 
 class ReplyStream:
@@ -95,6 +96,7 @@ class ReplyRouter:
         self._subscribed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.num_gap_filled = 0
+        self._stopped = False
 
     async def start(self, *, wait_s: float) -> None:
         """Subscribe (in the background, reconnecting forever); wait up to ``wait_s`` for the first."""
@@ -105,9 +107,11 @@ class ReplyRouter:
             log_event(log, "reply_channel_not_subscribed", logging.WARNING, channel=self.channel)
 
     async def stop(self) -> None:
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            # The loop also ends by itself on _stopped, in case a library swallows the cancellation.
+            await asyncio.wait([self._task], timeout=STOP_WAIT_S)
 
     @property
     def ready(self) -> bool:
@@ -143,7 +147,7 @@ class ReplyRouter:
 
     async def _listen(self) -> None:
         reconnects = 0
-        while True:
+        while not self._stopped:
             try:
                 async with self._pubsub_redis.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(self.channel)
@@ -152,7 +156,7 @@ class ReplyRouter:
                         # Anything published while we were away is only in the durable streams.
                         for stream in list(self._streams.values()):
                             stream.deliver(None)
-                    while True:
+                    while not self._stopped:
                         message = await pubsub.get_message(timeout=1.0)
                         if message is not None:
                             self._dispatch(message["data"])

@@ -42,6 +42,7 @@ SERVED_IDS_KEPT = 10_000
 SCHEDULE_TICK_S = 0.05
 BACKLOG_PROBE_S = 0.1
 STEP_SMOOTHING = 0.1
+HELPERS_STOP_S = 5.0
 
 
 def now_ms() -> int:
@@ -131,7 +132,11 @@ class Worker:
             await self._drain()
             for task in reversed(helpers):
                 task.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            # Each loop also ends by itself on _stopping: a library that swallows a CancelledError
+            # (seen with redis-py mid-command) must not hang the shutdown.
+            _done, stuck = await asyncio.wait(helpers, timeout=HELPERS_STOP_S)
+            for task in stuck:
+                log_event(log, "helper_did_not_stop", logging.WARNING, task=task.get_name())
             await self._writer.close()
             with contextlib.suppress(RedisError):
                 await self._redis.zrem(self._keys.workers, self.worker_id)
@@ -430,8 +435,13 @@ class Worker:
 
     # --- helpers loops ------------------------------------------------------------------------
 
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but wake at once when the worker stops."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+
     async def _heartbeat(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 now = time.time()
                 async with self._redis.pipeline(transaction=False) as pipe:
@@ -441,30 +451,30 @@ class Worker:
                 await intake.keep_claimed(self._redis, self.worker_id, list(self._entries.values()))
             except RedisError as exc:
                 log_event(log, "heartbeat_failed", logging.WARNING, error=str(exc))
-            await asyncio.sleep(self._settings.heartbeat_s)
+            await self._pause(self._settings.heartbeat_s)
 
     async def _probe_backlog(self) -> None:
         streams = list(self._stream_of)
-        while True:
+        while not self._stopping.is_set():
             try:
                 lags = await intake.backlog(self._redis, streams)
                 self._backlog = {self._stream_of[stream]: lag for stream, lag in lags.items() if lag}
             except RedisError as exc:
                 log_event(log, "backlog_probe_failed", logging.WARNING, error=str(exc))
-            await asyncio.sleep(BACKLOG_PROBE_S)
+            await self._pause(BACKLOG_PROBE_S)
 
     async def _listen_for_cancels(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 async with self._blocking.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(self._keys.cancel_channel)
-                    while True:
+                    while not self._stopping.is_set():
                         message = await pubsub.get_message(timeout=1.0)
                         if message is not None:
                             await self.cancel(message["data"].decode())
             except RedisError as exc:
                 log_event(log, "cancel_listener_reconnect", logging.WARNING, error=str(exc))
-                await asyncio.sleep(0.5)
+                await self._pause(0.5)
 
     def preempt(self, request_id: str) -> bool:
         """Preempt a running request now (what a scheduler decision does): it is aborted in the
@@ -499,7 +509,9 @@ class Worker:
         if not self._settings.reclaim_after_ms:
             return
         while not self._stopping.is_set():
-            await asyncio.sleep(self._settings.reclaim_interval_s)
+            await self._pause(self._settings.reclaim_interval_s)
+            if self._stopping.is_set():
+                return
             try:
                 await self.reclaim_once()
             except RedisError as exc:
