@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -53,17 +54,19 @@ def test_tailcut_up_serves_a_stream_and_stops_on_ctrl_c(tiny_model: Path, free_p
         text=True,
     )
     base = f"http://127.0.0.1:{free_port}"
+    printed: list[str] = []
+    assert process.stdout is not None
+    reader = threading.Thread(target=lambda: printed.extend(process.stdout or []), daemon=True)
+    reader.start()
     try:
+        # Ready when `tailcut up` itself says so (it polls /readyz), not merely when /readyz answers:
+        # a Ctrl-C before that would stop it mid-start.
         deadline = time.monotonic() + 240
-        while True:
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
+        while not any("tailcut is up" in line for line in printed):
+            assert process.poll() is None, "".join(printed)
             assert time.monotonic() < deadline, "tailcut up was not ready in time"
-            time.sleep(0.5)
+            time.sleep(0.2)
+        assert httpx.get(f"{base}/readyz", timeout=5).status_code == 200
         body = {
             "model": "tiny",
             "stream": True,
@@ -77,6 +80,9 @@ def test_tailcut_up_serves_a_stream_and_stops_on_ctrl_c(tiny_model: Path, free_p
         assert len(lines) >= 3
     finally:
         process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=90)
+        process.wait(timeout=90)
+        reader.join(timeout=10)
+        process.stdout.close()
+    output = "".join(printed)
     assert process.returncode == 0, output
     assert "tailcut is up" in output and "curl -N" in output
