@@ -13,6 +13,7 @@ from api import errors, health, jobs_routes, openai_routes
 from api.admission import Admission, ServedModel
 from api.predictor import OutputLengthPredictor
 from api.settings import ApiSettings
+from api.shedding import Backlog
 from api.state import ApiState
 from api.tokenize import PromptTokenizer
 from queues.connection import check_redis, connect, connect_blocking
@@ -55,6 +56,8 @@ def create_app(
         router = ReplyRouter(redis, pubsub_redis, keys, settings.api_id, poll_max_s=settings.reply_poll_max_s)
         await router.start(wait_s=SUBSCRIBE_WAIT_S)
         arq = connect_arq(settings.redis_url, queue_name=keys.arq_queue, timeout_s=settings.redis_timeout_s)
+        backlog = Backlog(redis, keys, interval_s=settings.shed_probe_interval_s)
+        backlog.start()
         state = ApiState(
             settings=settings,
             keys=keys,
@@ -66,6 +69,7 @@ def create_app(
             model=model,
             jobs_settings=jobs,
             arq=arq,
+            backlog=backlog,
         )
         app.state.tailcut = state
         log_event(log, "api_started", api_id=settings.api_id, model=model.name, max_model_len=model.max_model_len)
@@ -73,6 +77,7 @@ def create_app(
             yield
         finally:
             await state.wait_background()
+            await backlog.stop()
             await arq.aclose(close_connection_pool=True)
             await router.stop()
             await pubsub_redis.aclose()

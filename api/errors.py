@@ -47,7 +47,7 @@ def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]
 def install(app: FastAPI) -> None:
     @app.exception_handler(TailcutError)
     async def _tailcut_error(_request: Request, exc: TailcutError) -> OrjsonResponse:
-        return error_response(exc)
+        return error_response(exc, headers=exc.headers() or None)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> OrjsonResponse:

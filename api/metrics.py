@@ -33,6 +33,12 @@ class ApiMetrics:
             ["tier", "outcome"],
             registry=self.registry,
         )
+        self.shed = Counter(
+            "tailcut_requests_shed_total",
+            "Requests refused with 429 because their tier's queue was at its limit.",
+            ["tier"],
+            registry=self.registry,
+        )
         self.ttft = Histogram(
             "tailcut_ttft_seconds",
             "Admission to first content chunk.",

@@ -25,6 +25,7 @@ from tailcut.errors import (
     AuthenticationError,
     DeadlineExceededError,
     InvalidRequestError,
+    OverloadedError,
     ServiceUnavailableError,
     TailcutError,
 )
@@ -104,13 +105,23 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 
 async def submit(state: ApiState, message: RequestMessage) -> ReplyStream:
-    """Register the reply stream, then enqueue: accepted once the XADD returns."""
+    """Shed if the tier's queue is full; else register the reply stream, then enqueue: accepted once
+    the XADD returns."""
+    limits = state.settings.shed_limits()
+    waiting = state.backlog.waiting(message.tier)
+    if limits.sheds(message.tier, waiting):
+        state.metrics.shed.labels(message.tier).inc()
+        raise OverloadedError(
+            f"the {message.tier} queue is full ({waiting} requests waiting, limit {limits.limit(message.tier)}); "
+            "retry after a moment"
+        )
     stream = state.router.open(message.id)
     try:
         await intake.enqueue(state.redis, state.keys, message)
     except RedisError as exc:
         stream.close()
         raise ServiceUnavailableError(f"the request queue (Redis) does not answer: {exc}") from exc
+    state.backlog.admitted(message.tier)
     return stream
 
 

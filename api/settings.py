@@ -8,6 +8,7 @@ import uuid
 
 from pydantic import Field, model_validator
 
+from api.shedding import ShedLimits
 from queues.keys import Tier
 from tailcut.settings import CommonSettings
 
@@ -40,6 +41,16 @@ class ApiSettings(CommonSettings):
         5.0, gt=0, le=60, description="Longest silence before a stream re-reads its output from Redis."
     )
     cancel_ttl_s: int = Field(3600, ge=10, description="How long a cancel tombstone is kept.")
+    shed_realtime_waiting: int = Field(
+        512, ge=0, description="429 for new realtime requests while this many wait (0: never shed)."
+    )
+    shed_normal_waiting: int = Field(256, ge=0, description="The same bound for the normal tier.")
+    shed_background_waiting: int = Field(
+        64, ge=0, description="The same bound for the background tier (smallest: overload sheds it first)."
+    )
+    shed_probe_interval_s: float = Field(
+        0.1, gt=0, le=10, description="How often the API reads the intake streams' backlog for shedding."
+    )
 
     @model_validator(mode="after")
     def _check_buckets(self) -> ApiSettings:
@@ -49,6 +60,13 @@ class ApiSettings(CommonSettings):
                 f"({self.long_min_tokens}); the medium bucket lies between them"
             )
         return self
+
+    def shed_limits(self) -> ShedLimits:
+        return ShedLimits(
+            realtime=self.shed_realtime_waiting,
+            normal=self.shed_normal_waiting,
+            background=self.shed_background_waiting,
+        )
 
     def deadline_s(self, tier: Tier) -> float:
         return {

@@ -13,6 +13,7 @@ from arq.connections import ArqRedis
 from api.admission import Admission, ServedModel
 from api.metrics import ApiMetrics
 from api.settings import ApiSettings
+from api.shedding import Backlog
 from api.tokenize import PromptTokenizer
 from queues.jobs import JobsSettings
 from queues.keys import Keys
@@ -32,6 +33,7 @@ class ApiState:
     # Batch jobs: their settings and the arq client (JSON serializer) that enqueues and inspects them.
     jobs_settings: JobsSettings
     arq: ArqRedis
+    backlog: Backlog
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 

@@ -20,6 +20,10 @@ class TailcutError(Exception):
         if code is not None:
             self.code = code
 
+    def headers(self) -> dict[str, str]:
+        """HTTP headers that go with the error response."""
+        return {}
+
 
 class RecoverableError(TailcutError):
     """The request failed but the process is healthy; the caller may retry."""
@@ -54,6 +58,21 @@ class ServiceUnavailableError(RecoverableError):
     status_code = 503
     error_type = "service_unavailable"
     code = "service_unavailable"
+
+
+class OverloadedError(RecoverableError):
+    """The tier's queue is at its limit: the request was not accepted; retry after a moment."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
 
 
 class DeadlineExceededError(RecoverableError):

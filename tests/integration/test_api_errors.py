@@ -100,3 +100,37 @@ async def test_redis_down_gives_503_within_one_second(tiny_model: Path, free_por
                 ready = await client.get("/readyz")
                 assert ready.status_code == 503
                 assert ready.json()["ready"] is False
+
+
+async def test_a_full_tier_queue_sheds_new_requests_with_429_background_first(redis_url: str, tiny_model: Path) -> None:
+    # No workers: everything accepted stays queued. Background is bounded at 3, realtime at 50.
+    limits = {"shed_background_waiting": 3, "shed_realtime_waiting": 50, "shed_probe_interval_s": 0.05}
+    async with running_stack(redis_url, tiny_model, None, **limits) as stack:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as client:
+
+            async def send(tier: str) -> httpx.Response:
+                body = {"prompt": [5, 6, 7], "max_tokens": 4, "tier": tier}
+                return await client.post("/v1/completions", json=body, timeout=0.5)
+
+            statuses = []
+            for _ in range(6):
+                try:
+                    statuses.append((await send("background")).status_code)
+                except httpx.ReadTimeout:
+                    statuses.append(202)  # accepted: it waits in the queue for a worker
+            assert statuses[:3] == [202, 202, 202] and statuses[3:] == [429, 429, 429]
+            refused = await send("background")
+            assert refused.status_code == 429
+            assert refused.headers["retry-after"] == "1"
+            error = refused.json()["error"]
+            assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
+            assert "background queue is full (3 requests waiting, limit 3)" in error["message"]
+            # Realtime has room of its own.
+            with pytest.raises(httpx.ReadTimeout):
+                await send("realtime")
+            metrics = (await client.get("/metrics")).text
+            assert 'tailcut_requests_shed_total{tier="background"} 4.0' in metrics
+        # Exactly the accepted requests were enqueued: a 429 never reaches the streams.
+        lengths = {tier: sum([await stack.redis.xlen(stack.keys.intake(tier, b)) for b in ("short", "medium", "long")])
+                   for tier in ("background", "realtime")}  # fmt: skip
+        assert lengths == {"background": 3, "realtime": 1}

@@ -1,0 +1,91 @@
+"""Load shedding at admission: past its tier's queue limit, a new request gets HTTP 429 at once.
+
+Under overload a queue that only grows serves nobody well: every request in it waits longer than the
+one before, and the realtime tier's deadline passes while it queues. So each tier has a bound on the
+requests waiting for a worker, and a request arriving past it is refused with ``Retry-After``. The
+bounds are smallest for background and largest for realtime, so overload sheds background first; the
+engine's time goes to the tiers whose SLOs can still be met. The simulator applies the same rule
+(``bench.simrun``), so ``tailcut bench policies`` measures what this does at 120% load.
+
+"Waiting" is the intake streams' lag (entries no worker has read yet), polled every
+``shed_probe_interval_s``, plus the requests this process admitted since the last poll, so a burst
+between two polls cannot run past the bound. Requests a worker has read ahead into its local queue
+(at most ``TAILCUT_SCHEDULER__PREFETCH`` per tier) are not counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from queues import intake
+from queues.keys import BUCKETS, TIERS, Keys, Tier
+from tailcut.logs import log_event
+
+log = logging.getLogger("tailcut.api")
+
+
+@dataclass(frozen=True, slots=True)
+class ShedLimits:
+    """Most requests of each tier that may wait; 0 turns shedding off for the tier."""
+
+    realtime: int = 512
+    normal: int = 256
+    background: int = 64
+
+    def limit(self, tier: Tier) -> int:
+        limits: dict[Tier, int] = {"realtime": self.realtime, "normal": self.normal, "background": self.background}
+        return limits[tier]
+
+    def sheds(self, tier: Tier, num_waiting: int) -> bool:
+        limit = self.limit(tier)
+        return limit > 0 and num_waiting >= limit
+
+
+class Backlog:
+    """Requests waiting per tier, as the shedding rule reads them (see the module docstring)."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, *, interval_s: float) -> None:
+        self._redis = redis
+        self._streams = {tier: [keys.intake(tier, bucket) for bucket in BUCKETS] for tier in TIERS}
+        self._interval_s = interval_s
+        self._probed: dict[Tier, int] = dict.fromkeys(TIERS, 0)
+        self._admitted: dict[Tier, int] = dict.fromkeys(TIERS, 0)
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    def waiting(self, tier: Tier) -> int:
+        return self._probed[tier] + self._admitted[tier]
+
+    def admitted(self, tier: Tier) -> None:
+        self._admitted[tier] += 1
+
+    async def probe(self) -> None:
+        lags = await intake.backlog(self._redis, [stream for streams in self._streams.values() for stream in streams])
+        for tier, streams in self._streams.items():
+            self._probed[tier] = sum(lags.get(stream, 0) for stream in streams)
+            self._admitted[tier] = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="shed-backlog")
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.probe()
+            except RedisError as exc:
+                # Keep the last figures; Redis errors reach clients as 503s on enqueue anyway.
+                log_event(log, "backlog_probe_failed", logging.WARNING, error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=self._interval_s)
