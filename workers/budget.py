@@ -2,6 +2,10 @@
 
 - ``article``: the source article's rule, ``max(512, min(2048, n_short_waiting * 64))``. It trades
   throughput for latency: with few short requests waiting it sits at the floor.
+- ``room``: the article's rule applied to the room for new prompts above the running decodes,
+  ``min(2048, n_running + max(512, min(2048, n_short_waiting * 64)))``. Every running request
+  decodes one token per step, so under load the article's fixed floor leaves less and less room
+  for prefill until the queues grow without bound; this floor grows with the batch instead.
 - ``slack``: large steps while every realtime request (running or waiting) has slack to its deadline,
   the floor as soon as one does not. Slack is the time left to the deadline minus the decode time it
   still needs at the current step time.
@@ -13,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-BudgetRule = Literal["article", "slack"]
+BudgetRule = Literal["article", "room", "slack"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,10 @@ def article_budget(config: BudgetConfig, num_short_waiting: int) -> int:
     return max(config.min_tokens, min(config.max_tokens, num_short_waiting * config.tokens_per_short))
 
 
+def room_budget(config: BudgetConfig, num_short_waiting: int, num_running: int) -> int:
+    return min(config.max_tokens, num_running + article_budget(config, num_short_waiting))
+
+
 def slack_budget(config: BudgetConfig, realtime: Iterable[RealtimeProgress], *, now_ms: int, step_ms: float) -> int:
     for request in realtime:
         slack_ms = request.deadline_ms - now_ms - request.remaining_tokens * step_ms
@@ -50,10 +58,13 @@ def token_budget(
     config: BudgetConfig,
     *,
     num_short_waiting: int,
+    num_running: int = 0,
     realtime: Iterable[RealtimeProgress],
     now_ms: int,
     step_ms: float,
 ) -> int:
     if config.rule == "article":
         return article_budget(config, num_short_waiting)
+    if config.rule == "room":
+        return room_budget(config, num_short_waiting, num_running)
     return slack_budget(config, realtime, now_ms=now_ms, step_ms=step_ms)

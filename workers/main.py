@@ -9,7 +9,7 @@ import signal
 from queues.connection import check_redis, connect, connect_blocking
 from tailcut.logs import log_event
 from tailcut.models import resolve_model
-from workers.engines.vllm_engine import VllmEngine
+from workers.engines.factory import start_engine
 from workers.settings import WorkerSettings
 from workers.worker import Worker
 
@@ -23,7 +23,7 @@ async def serve(settings: WorkerSettings) -> None:
         settings.redis_url, block_s=settings.read_block_ms / 1000, connect_timeout_s=settings.redis_timeout_s
     )
     await check_redis(redis)
-    engine = VllmEngine.start(model_dir, settings.engine, max_model_len=settings.max_model_len)
+    engine = start_engine(settings.engine, model_dir, settings.max_model_len)
     worker = Worker(settings, engine, redis, blocking)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

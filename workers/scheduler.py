@@ -9,8 +9,9 @@ Policies (``SchedulerConfig.policy``):
 
 - ``tailcut``: the rules of DESIGN.md "Scheduling" —
   1. a token budget per round (``workers.budget``), short bucket first; new prefill work is admitted
-     while running decodes plus admitted prompt tokens fit it (the first admission of a round always
-     may, so a prompt longer than the budget is not starved: the engine prefills it in chunks);
+     while it fits what the running decodes and the prompts still being prefilled (one engine chunk
+     each, ``prefill_chunk_tokens``) leave of it. A longer prompt is admitted only when no prefill
+     is in flight, so it is not starved and the engine chunks it while every step keeps room;
   2. realtime before normal before background, but realtime may jump ahead of older waiting
      lower-tier work at most ``max_cut_ins`` times in a row; then the oldest lower-tier request is
      admitted if it fits;
@@ -62,9 +63,16 @@ class SchedRequest:
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     policy: Policy = "tailcut"
-    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    budget: BudgetConfig = field(default_factory=lambda: BudgetConfig(rule="room", min_tokens=768))
     max_cut_ins: int = 3
     slice_tokens: int = 256
+    # Most prompt tokens the engine computes per request and step (vLLM's
+    # ``long_prefill_token_threshold``; 0: a whole prompt may fill a step). Admitted prompts still
+    # being prefilled take this much of every round's budget until their first token.
+    prefill_chunk_tokens: int = 256
+    # Tokens of every round's budget that only realtime prompts may use: running requests go first
+    # in an engine step, so without a reserve a realtime prompt waits for lower-tier prefills.
+    realtime_reserve_tokens: int = 256
     fair_quantum_tokens: int = 512
     fair_min_weight: float = 0.25
     fair_max_weight: float = 8.0
@@ -150,6 +158,8 @@ class Scheduler:
         self._running: dict[str, SchedRequest] = {}
         self._cut_ins = 0
         self._rtt_ms: dict[str, float] = {}
+        # Admitted requests whose prompt the engine is still computing: id → prompt tokens.
+        self._prefilling: dict[str, int] = {}
 
     # --- what the scheduler holds ---------------------------------------------------------------
 
@@ -184,6 +194,7 @@ class Scheduler:
 
     def remove(self, request_id: str) -> SchedRequest | None:
         """Forget a waiting or running request (cancelled, expired)."""
+        self._prefilling.pop(request_id, None)
         if request_id in self._running:
             return self._running.pop(request_id)
         for heap in (self._realtime, self._background, self._arrival):
@@ -201,6 +212,11 @@ class Scheduler:
         this id (a continuation of it may already be running again)."""
         if request is None or self._running.get(request_id) is request:
             self._running.pop(request_id, None)
+            self._prefilling.pop(request_id, None)
+
+    def prefilled(self, request_id: str) -> None:
+        """The engine produced the request's first token: its prompt no longer takes budget."""
+        self._prefilling.pop(request_id, None)
 
     def slice_limit(self, request: SchedRequest) -> int:
         """Most tokens the next engine call of ``request`` may produce."""
@@ -232,20 +248,29 @@ class Scheduler:
         budget = self.current_budget(view, now_ms)
         decision = Decision(token_budget=budget)
         slots, kv = view.free_slots, view.free_kv_tokens
-        spent = len(self._running)  # every running request decodes one token per step
+        # Each step, every running request decodes one token and each prompt being prefilled takes
+        # a chunk; what is left is room for new prompts.
+        spent = len(self._running) + sum(map(self._chunk, self._prefilling.values()))
         while slots > 0:
-            pick = self._pick(slots, kv, budget, spent, first=not decision.admit)
+            # A prompt longer than the room is admitted only into an engine with no prefill in
+            # flight, so it is not starved and still leaves every step room for what comes next.
+            pick = self._pick(slots, kv, budget, spent, first=not decision.admit and not self._prefilling)
             if pick is None:
                 break
             self._admit(pick, now_ms)
             decision.admit.append(pick)
             slots -= 1
             kv -= pick.kv_tokens(self.config.slice_tokens)
-            spent += pick.prompt_tokens
+            spent += self._chunk(pick.prompt_tokens)
         decision.preempt = self._preemptions(slots, kv)
         for victim in decision.preempt:
             self._running.pop(victim.id, None)
+            self._prefilling.pop(victim.id, None)
         return decision
+
+    def _chunk(self, prompt_tokens: int) -> int:
+        limit = self.config.prefill_chunk_tokens
+        return min(prompt_tokens, limit) if limit else prompt_tokens
 
     def current_budget(self, view: EngineView, now_ms: int) -> int:
         num_short = sum(1 for request in self.waiting() if request.bucket == "short")
@@ -256,7 +281,12 @@ class Scheduler:
             if request.tier == "realtime"
         ]
         return token_budget(
-            self.config.budget, num_short_waiting=num_short, realtime=realtime, now_ms=now_ms, step_ms=view.step_ms
+            self.config.budget,
+            num_short_waiting=num_short,
+            num_running=len(self._running),
+            realtime=realtime,
+            now_ms=now_ms,
+            step_ms=view.step_ms,
         )
 
     def at_slice_boundary(self, request_id: str, view: EngineView) -> bool:
@@ -273,6 +303,7 @@ class Scheduler:
         if view.free_slots > 0 and view.free_kv_tokens >= need_kv:
             return False
         del self._running[request_id]
+        self._prefilling.pop(request_id, None)
         return True
 
     def advance(self, request_id: str, num_generated: int) -> None:
@@ -297,7 +328,9 @@ class Scheduler:
     def _fits(self, request: SchedRequest, kv: int, budget: int, spent: int, first: bool) -> bool:
         if request.kv_tokens(self.config.slice_tokens) > kv:
             return False
-        return first or spent + request.prompt_tokens <= budget
+        if request.tier != "realtime":
+            budget -= self.config.realtime_reserve_tokens
+        return first or spent + self._chunk(request.prompt_tokens) <= budget
 
     def _oldest_lower(self) -> SchedRequest | None:
         candidates = [*self._normal(), *self._background]
@@ -358,6 +391,7 @@ class Scheduler:
 
     def _admit(self, request: SchedRequest, now_ms: int) -> None:
         self._running[request.id] = request
+        self._prefilling[request.id] = request.prompt_tokens
         if request.tier == "normal":
             self.observe_wait(request.tenant, now_ms - request.arrival_ms)
 

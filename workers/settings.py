@@ -7,11 +7,13 @@ import socket
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from queues.keys import BUCKETS, Bucket
 from tailcut.settings import CommonSettings
 from workers.budget import BudgetConfig
+from workers.engines.costmodel import DEFAULT_PROFILE, PROFILES
+from workers.engines.sim_live import DEFAULT_TIME_SCALE
 from workers.scheduler import SchedulerConfig
 
 CPU_BLOCK_SIZE = 32  # vLLM's CPU attention accepts only multiples of 32.
@@ -26,6 +28,11 @@ def default_worker_id() -> str:
 class EngineSettings(BaseModel):
     """Options handed to the inference engine of one worker pool."""
 
+    kind: Literal["vllm", "sim", "null"] = Field(
+        "vllm",
+        description="`vllm`: the real engine. `sim`: the SIMULATOR run in real time (no model runs, step "
+        "times from a published GPU cost model). `null`: no model, no cost (measures the pipeline itself).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="`auto` picks CUDA when the installed vLLM build targets a GPU."
     )
@@ -44,9 +51,43 @@ class EngineSettings(BaseModel):
     max_num_batched_tokens: int = Field(2048, ge=64, description="Engine per-step token budget (upper bound).")
     enforce_eager: bool | None = Field(None, description="Skip graph capture; default on for CPU.")
     enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = Field(
+        256,
+        ge=0,
+        description="Most prompt tokens one request computes per engine step while others run (vLLM's "
+        "option; 0: no cap). The scheduler counts each prompt being prefilled at this size.",
+    )
+    sim_profile: str = Field(
+        DEFAULT_PROFILE, description="`sim`: step-time cost model (`h100-llama3-8b` or `a100-llama3-8b`)."
+    )
+    sim_time_scale: float = Field(
+        DEFAULT_TIME_SCALE,
+        gt=0,
+        le=1000,
+        description="`sim`: real seconds per simulated second; 4 lets two shared cores keep up with an H100.",
+    )
+    sim_kv_capacity_tokens: int | None = Field(
+        None, ge=1, description="`sim`: KV cache tokens; default Llama-3.1-8B on an 80 GB card (about 427,000)."
+    )
+    null_step_ms: float = Field(0.0, ge=0, le=10_000, description="`null`: time one engine step takes.")
+
+    @field_validator("sim_profile")
+    @classmethod
+    def _known_profile(cls, value: str) -> str:
+        if value not in PROFILES:
+            raise ValueError(
+                f"unknown sim_profile {value!r}: set TAILCUT_ENGINE__SIM_PROFILE to one of {', '.join(PROFILES)}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _check_combinations(self) -> EngineSettings:
+        sim_block_size = self.block_size or GPU_BLOCK_SIZE
+        if self.sim_kv_capacity_tokens is not None and self.sim_kv_capacity_tokens < sim_block_size:
+            raise ValueError(
+                f"sim_kv_capacity_tokens {self.sim_kv_capacity_tokens} holds no KV block of {sim_block_size} "
+                "tokens: raise TAILCUT_ENGINE__SIM_KV_CAPACITY_TOKENS"
+            )
         if self.device == "cpu":
             if self.quantization is not None:
                 raise ValueError("quantization fp8 needs a GPU; unset TAILCUT_ENGINE__QUANTIZATION on CPU")
@@ -71,11 +112,18 @@ class SchedulerSettings(BaseModel):
     policy: Literal["tailcut", "fifo", "vllm-priority"] = Field(
         "tailcut", description="`fifo` and `vllm-priority` are the baselines benchmarks compare against."
     )
-    budget_rule: Literal["article", "slack"] = Field("article", description="Token budget rule per round.")
-    min_budget_tokens: int = Field(512, ge=16, description="Token budget floor.")
+    budget_rule: Literal["article", "room", "slack"] = Field(
+        "room", description="Token budget rule per round (`workers/budget.py`)."
+    )
+    min_budget_tokens: int = Field(
+        768, ge=16, description="Token budget floor (`room`: prefill room above the running decodes)."
+    )
     max_budget_tokens: int = Field(2048, ge=16, description="Token budget ceiling (at most the engine's).")
     tokens_per_short: int = Field(64, ge=1, description="Article rule: budget per waiting short request.")
     slack_margin_ms: int = Field(250, ge=0, description="Slack rule: a realtime request below this is tight.")
+    realtime_reserve_tokens: int = Field(
+        256, ge=0, description="Tokens of each round's budget only realtime prompts may use."
+    )
     max_cut_ins: int = Field(3, ge=0, description="Realtime jumps ahead of older lower-tier work at most this often.")
     slice_tokens: int = Field(256, ge=1, description="Most tokens one engine call produces (sliced decoding).")
     fair_quantum_tokens: int = Field(512, ge=1, description="Deficit round robin quantum (normal tier).")
@@ -93,7 +141,8 @@ class SchedulerSettings(BaseModel):
             raise ValueError("fair_min_weight must not exceed fair_max_weight")
         return self
 
-    def config(self) -> SchedulerConfig:
+    def config(self, *, prefill_chunk_tokens: int = 0) -> SchedulerConfig:
+        """``prefill_chunk_tokens``: the engine's ``long_prefill_token_threshold``."""
         return SchedulerConfig(
             policy=self.policy,
             budget=BudgetConfig(
@@ -105,6 +154,8 @@ class SchedulerSettings(BaseModel):
             ),
             max_cut_ins=self.max_cut_ins,
             slice_tokens=self.slice_tokens,
+            prefill_chunk_tokens=prefill_chunk_tokens,
+            realtime_reserve_tokens=self.realtime_reserve_tokens,
             fair_quantum_tokens=self.fair_quantum_tokens,
             fair_min_weight=self.fair_min_weight,
             fair_max_weight=self.fair_max_weight,
@@ -149,6 +200,9 @@ class WorkerSettings(CommonSettings):
                 f"max_num_batched_tokens ({self.engine.max_num_batched_tokens}); lower the first or raise the second"
             )
         return self
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return self.scheduler.config(prefill_chunk_tokens=self.engine.long_prefill_token_threshold)
 
     @property
     def num_running_max(self) -> int:

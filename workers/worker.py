@@ -63,7 +63,7 @@ class Worker:
         self._blocking = blocking_redis
         self._keys = Keys(settings.key_prefix)
         self._writer = OutputWriter(redis, self._keys, ttl_s=settings.output_ttl_s)
-        self.scheduler = Scheduler(settings.scheduler.config())
+        self.scheduler = Scheduler(settings.scheduler_config())
         self._entries: dict[str, IntakeEntry] = {}  # every entry held: waiting here or running
         self._tasks: dict[str, asyncio.Task[None]] = {}  # running requests
         self._cancel_requested: set[str] = set()
@@ -307,6 +307,8 @@ class Worker:
                     priority=self.scheduler.engine_priority(request),
                 ):
                     if delta.token_ids or delta.text:
+                        if not slice_generated:
+                            self.scheduler.prefilled(message.id)
                         emit(
                             OutputEvent(
                                 rid=message.id, seq=seq, type="chunk", text=delta.text, token_ids=delta.token_ids

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from queues.keys import Bucket, Tier
-from workers.budget import BudgetConfig, RealtimeProgress, article_budget, slack_budget
+from workers.budget import BudgetConfig, RealtimeProgress, article_budget, room_budget, slack_budget
 from workers.fairshare import NEUTRAL_WEIGHT, DeficitRoundRobin, rtt_weight
 from workers.scheduler import EngineView, SchedRequest, Scheduler, SchedulerConfig
 
@@ -38,6 +38,10 @@ def make(
     )
 
 
+# The budget rule of the source article alone: no prefill chunking, no realtime reserve.
+ARTICLE = SchedulerConfig(budget=BudgetConfig(rule="article"), prefill_chunk_tokens=0, realtime_reserve_tokens=0)
+
+
 def roomy(slots: int = 100, kv: int = 1_000_000, **kwargs: object) -> EngineView:
     return EngineView(free_slots=slots, free_kv_tokens=kv, **kwargs)  # type: ignore[arg-type]
 
@@ -63,7 +67,7 @@ def test_slack_budget_is_large_until_a_realtime_request_runs_out_of_slack() -> N
 
 
 def test_admission_stops_when_the_budget_is_spent_short_bucket_first() -> None:
-    scheduler = Scheduler(SchedulerConfig())
+    scheduler = Scheduler(ARTICLE)
     long_one = make("normal", bucket="long", prompt=400, arrival_ms=0)
     shorts = [make("normal", bucket="short", prompt=100, arrival_ms=1 + i, tenant=f"t{i}") for i in range(3)]
     scheduler.add(long_one)
@@ -79,10 +83,64 @@ def test_admission_stops_when_the_budget_is_spent_short_bucket_first() -> None:
 
 
 def test_a_prompt_longer_than_the_budget_is_still_admitted_first_in_a_round() -> None:
-    scheduler = Scheduler(SchedulerConfig())
+    scheduler = Scheduler(ARTICLE)
     huge = make("background", bucket="long", prompt=1800)
     scheduler.add(huge)
     assert scheduler.schedule(roomy(), now_ms=0).admit == [huge]
+
+
+def test_room_budget_grows_with_the_running_decodes() -> None:
+    config = BudgetConfig(rule="room", min_tokens=768)
+    assert room_budget(config, num_short_waiting=0, num_running=0) == 768
+    assert room_budget(config, num_short_waiting=0, num_running=200) == 968
+    assert room_budget(config, num_short_waiting=20, num_running=200) == 200 + 1280
+    assert room_budget(config, num_short_waiting=0, num_running=1500) == 2048  # the ceiling
+
+
+def test_prompts_still_prefilling_take_one_chunk_of_every_round_until_their_first_token() -> None:
+    config = SchedulerConfig(
+        budget=BudgetConfig(rule="room", min_tokens=600), prefill_chunk_tokens=256, realtime_reserve_tokens=0
+    )
+    scheduler = Scheduler(config)
+    backgrounds = [make("background", bucket="long", prompt=1500, arrival_ms=i) for i in range(4)]
+    for request in backgrounds:
+        scheduler.add(request)
+    # Room 600: two chunks of 256 fit, a third would not.
+    assert scheduler.schedule(roomy(), now_ms=10).admit == backgrounds[:2]
+    assert scheduler.schedule(roomy(), now_ms=20).admit == []
+    scheduler.prefilled(backgrounds[0].id)
+    # One prefill left in flight (256) and 2 decodes: the third chunk fits again, the fourth not.
+    assert scheduler.schedule(roomy(), now_ms=30).admit == [backgrounds[2]]
+
+
+def test_a_long_prompt_waits_for_an_engine_without_prefill_in_flight_when_it_does_not_fit() -> None:
+    config = SchedulerConfig(
+        budget=BudgetConfig(rule="article", min_tokens=512), prefill_chunk_tokens=0, realtime_reserve_tokens=0
+    )
+    scheduler = Scheduler(config)
+    first, second = make("background", prompt=1800, arrival_ms=0), make("background", prompt=1800, arrival_ms=1)
+    scheduler.add(first)
+    scheduler.add(second)
+    assert scheduler.schedule(roomy(), now_ms=10).admit == [first]
+    assert scheduler.schedule(roomy(), now_ms=20).admit == []  # `first` is still prefilling
+    scheduler.prefilled(first.id)
+    assert scheduler.schedule(roomy(), now_ms=30).admit == [second]
+
+
+def test_the_realtime_reserve_is_left_free_by_lower_tiers_and_used_by_realtime() -> None:
+    config = SchedulerConfig(
+        budget=BudgetConfig(rule="article", min_tokens=600), prefill_chunk_tokens=256, realtime_reserve_tokens=200
+    )
+    scheduler = Scheduler(config)
+    normals = [make("normal", bucket="medium", prompt=300, arrival_ms=i, tenant=f"t{i}") for i in range(2)]
+    for request in normals:
+        scheduler.add(request)
+    # 600 - 200 reserved: one chunk of 256 fits the lower tiers' 400, the second (512) does not.
+    assert scheduler.schedule(roomy(), now_ms=10).admit == normals[:1]
+    realtime = make("realtime", prompt=120, arrival_ms=20)
+    scheduler.add(realtime)
+    # 1 decode + 256 in flight + 120 = 377 <= 600: the reserve takes it at once.
+    assert scheduler.schedule(roomy(), now_ms=21).admit == [realtime]
 
 
 # --- 2. tier order and the cut-in limit --------------------------------------------------------

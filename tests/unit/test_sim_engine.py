@@ -381,3 +381,34 @@ def test_the_same_run_in_processes_with_different_hash_seeds_is_identical() -> N
         results.add(completed.stdout.strip())
     assert len(results) == 1
     assert results == {digest(5)}
+
+
+# --- long prefill cap and end of sequence ----------------------------------------------------------
+
+
+def test_long_prefill_threshold_spreads_a_prompt_over_steps_only_while_it_has_company() -> None:
+    alone = make_engine(long_prefill_token_threshold=256)
+    alone.add("a", 1000, max_tokens=2)
+    assert alone.step().scheduled_tokens == {"a": 1000}  # nobody to starve: the whole prompt
+
+    engine = make_engine(long_prefill_token_threshold=256)
+    engine.add("long", 1000, max_tokens=2)
+    engine.add("short", 100, max_tokens=8)
+    first = engine.step()
+    assert first.scheduled_tokens == {"long": 256, "short": 100}
+    assert first.duration_us == H100.step_us(356, 0)
+    chunks = [first.scheduled_tokens["long"]]
+    while "long" not in (step := engine.step()).new_token_ids:
+        chunks.append(step.scheduled_tokens["long"])
+    chunks.append(step.scheduled_tokens["long"])
+    assert chunks == [256, 256, 256, 232]
+
+
+def test_stop_after_ends_a_request_before_max_tokens_and_static_still_reserves_the_cap() -> None:
+    engine = make_engine(kv_allocation="static", block_size=16)
+    engine.add("r", 32, max_tokens=64, stop_after=3)
+    first = engine.step()
+    assert first.kv_used_blocks == (32 + 64) // 16  # the reservation holds prompt + max_tokens
+    steps = [first, *run_until_done(engine)]
+    assert len(tokens_of(steps, "r")) == 3
+    assert steps[-1].finished == ["r"]

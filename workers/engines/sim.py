@@ -10,14 +10,15 @@ same step sequence, in any process.
 One ``step()`` (vLLM v1's ``schedule()`` followed by ``update_from_output()``):
 
 1. Running requests, in admission order, each take ``min(tokens it still lacks, budget left)``
-   tokens: one decode token, or the next chunk of a prefill that the budget cut short. Only the last
-   admitted request can be mid-prefill (a chunk is cut only when the budget runs out, and then nothing
-   else is admitted), so this is "every running request decodes one token, then prefill continues".
+   tokens: one decode token, or the next chunk of a prefill that the budget cut short. With
+   ``long_prefill_token_threshold`` set (and more than one request in the engine), a prefill chunk
+   is at most that many tokens, so a long prompt is spread over steps and leaves room for others.
    A request whose KV does not fit (paged mode) preempts the last running request (``fcfs``) or the
    one with the largest ``(priority, arrival)`` (``priority``), itself included, as vLLM does; the
    victim frees its blocks and goes back to waiting to be recomputed later.
 2. If nothing was preempted, waiting requests are admitted in queue order while the budget, free KV
-   blocks and ``max_num_seqs`` allow; the queue head that does not fit stops admission (no skipping).
+   blocks and ``max_num_seqs`` allow (their first chunk capped the same way); the queue head that
+   does not fit stops admission (no skipping).
    Waiting requests never preempt running ones, whatever their priority (vLLM v1 neither). A
    prompt's leading full blocks found in the prefix cache are not computed again; a preempted
    request's recompute (prompt and output so far) counts as prefill.
@@ -108,6 +109,7 @@ class _SimRequest:
     max_tokens: int
     priority: int
     arrival: int  # order of ``add`` calls
+    stop_after: int | None = None  # tokens after which it ends (an end-of-sequence), below max_tokens
     state: _State = "waiting"
     num_computed_tokens: int = 0
     num_output_tokens: int = 0
@@ -184,7 +186,12 @@ class SimEngine:
         kv_allocation: KvAllocation = "paged",
         prefix_cache: bool = True,
         policy: SimPolicy = "fcfs",
+        output_token_id: int | None = None,
+        long_prefill_token_threshold: int = 0,
     ) -> None:
+        """``output_token_id``: the id of every generated token (a real vocabulary id when the
+        caller feeds outputs back as prompt tokens, as a live worker's continuations do, so their
+        KV blocks hit the prefix cache); default a fresh synthetic id per token."""
         if block_size < 1 or max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ValueError("block_size, max_num_batched_tokens and max_num_seqs must be at least 1")
         if kv_allocation not in get_args(KvAllocation) or policy not in get_args(SimPolicy):
@@ -200,6 +207,9 @@ class SimEngine:
         self.kv_allocation: KvAllocation = kv_allocation
         self.prefix_cache = prefix_cache
         self.policy: SimPolicy = policy
+        # vLLM's ``long_prefill_token_threshold``: at most this many prefill tokens per request and
+        # step while others are in the engine (0: no cap), so one long prompt cannot take a whole step.
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         self._pool = BlockPool(kv_capacity_tokens // block_size, block_size)
         self._requests: dict[str, _SimRequest] = {}
         self._waiting = _WaitQueue(policy)
@@ -209,6 +219,7 @@ class SimEngine:
         self._now_us = 0.0
         self._arrivals = itertools.count()
         self._synthetic_ids = itertools.count(SYNTHETIC_TOKEN_BASE)
+        self._output_token_id = output_token_id
 
     def __repr__(self) -> str:
         return (
@@ -249,9 +260,19 @@ class SimEngine:
 
     # --- requests ----------------------------------------------------------------------------------
 
-    def add(self, request_id: str, prompt: list[int] | int, max_tokens: int, *, priority: int = 0) -> None:
+    def add(
+        self,
+        request_id: str,
+        prompt: list[int] | int,
+        max_tokens: int,
+        *,
+        priority: int = 0,
+        stop_after: int | None = None,
+    ) -> None:
         """Queue a request. ``prompt`` is its token ids, or a token count (then it gets unique synthetic
-        ids, so it shares no prefix with anything). Lower ``priority`` runs first under ``priority``."""
+        ids, so it shares no prefix with anything). Lower ``priority`` runs first under ``priority``.
+        ``stop_after``: the request ends after this many tokens, as at an end-of-sequence token, while
+        ``max_tokens`` stays the cap a static reservation must hold."""
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already in the engine")
         token_ids = [next(self._synthetic_ids) for _ in range(prompt)] if isinstance(prompt, int) else list(prompt)
@@ -264,6 +285,8 @@ class SimEngine:
                 "shorten it or raise kv_capacity_tokens"
             )
         request = _SimRequest(request_id, token_ids, len(token_ids), max_tokens, priority, next(self._arrivals))
+        if stop_after is not None:
+            request.stop_after = max(1, min(stop_after, max_tokens))
         self._requests[request_id] = request
         self._waiting.push(request)
         self._num_waiting += 1
@@ -301,6 +324,8 @@ class SimEngine:
     def step(self) -> StepResult:
         start_us = self._now_us
         budget = self._token_budget
+        # The cap applies only while the request has company (vLLM: nobody to starve otherwise).
+        cap = self.long_prefill_token_threshold if len(self._requests) > 1 else 0
         scheduled: dict[str, tuple[_SimRequest, int]] = {}
         preempted: list[str] = []
         num_cached: dict[str, int] = {}
@@ -311,6 +336,8 @@ class SimEngine:
             if request.state != "running":  # preempted earlier in this step
                 continue
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if 0 < cap < num_new:
+                num_new = cap
             while not self._grow(request, num_new):
                 victim = self._victim()
                 undone = scheduled.pop(victim.id, None)
@@ -326,7 +353,7 @@ class SimEngine:
             budget -= num_new
 
         while not preempted and budget > 0 and len(self._running) < self.max_num_seqs:
-            admitted = self._admit_head(budget)
+            admitted = self._admit_head(min(budget, cap) if cap > 0 else budget)
             if admitted is None:
                 break
             request, num_new, num_hit = admitted
@@ -346,12 +373,12 @@ class SimEngine:
         for request, _ in scheduled.values():
             if request.num_computed_tokens < request.num_tokens:
                 continue  # mid-prefill: no token yet
-            token_id = next(self._synthetic_ids)
+            token_id = next(self._synthetic_ids) if self._output_token_id is None else self._output_token_id
             request.token_ids.append(token_id)
             request.num_output_tokens += 1
             request.decoding = True
             new_token_ids[request.id] = token_id
-            if request.num_output_tokens >= request.max_tokens:
+            if request.num_output_tokens >= (request.stop_after or request.max_tokens):
                 finished.append(request.id)
                 self.abort(request.id)
 

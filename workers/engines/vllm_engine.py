@@ -52,6 +52,7 @@ def engine_args(
         "scheduling_policy": "priority",
         "max_num_seqs": settings.max_num_seqs,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "long_prefill_token_threshold": settings.long_prefill_token_threshold,
         "quantization": settings.quantization,
     }
     if max_model_len is not None:
