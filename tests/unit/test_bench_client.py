@@ -1,0 +1,279 @@
+"""The benchmark client and load generator: metric definitions on a pure timeline, then the real SSE
+client against a tiny local server that streams OpenAI-shaped chunks with known sleeps.
+
+The server here is a fixture for the client only (it checks what the client sends and how it times
+what comes back); it does not stand in for tailcut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from bench import loadgen
+from bench.client import Timeline, client_bucket, fetch_model, open_http, prompt_token_ids, send
+from bench.workloads import Arrival, Workload, poisson_trace
+from queues.keys import Tier
+from tailcut.cli import main
+
+FIRST_SLEEP_S = 0.05  # the fake server's wait before the first token
+GAP_S = 0.01  # and between tokens
+MODEL = "fake-model"
+
+TINY_WORKLOAD = {
+    "name": "tiny",
+    "tenants": ["acme"],
+    "tiers": [
+        {"tier": "realtime", "share": 0.7, "prompt_tokens": [5, 20], "output_tokens": [2, 5], "slo": {"ttft_ms": 5000}},
+        {"tier": "background", "share": 0.3, "prompt_tokens": [100, 200], "output_tokens": [3, 6]},
+    ],
+}
+
+
+def arrival(
+    index: int, *, tenant: str = "acme", tier: Tier = "realtime", output: int = 4, at_s: float = 0.0
+) -> Arrival:
+    return Arrival(index=index, at_s=at_s, tier=tier, tenant=tenant, prompt_tokens=30, output_tokens=output)
+
+
+# --- metric definitions (pure) ---
+
+
+def test_timeline_follows_the_metric_definitions() -> None:
+    timeline = Timeline(sent_s=10.0)
+    for at_s in (10.1, 10.15, 10.3):
+        timeline.on_chunk(at_s)
+    timeline.on_final(10.35)
+    record = timeline.record(arrival(7, output=3), origin_s=9.0, output_tokens=3)
+
+    assert record.index == 7 and record.status == "ok" and record.output_tokens == 3
+    assert record.sent_s == pytest.approx(1.0)
+    assert record.ttft_ms == pytest.approx(100.0)  # send → first content chunk
+    assert record.e2e_ms == pytest.approx(350.0)  # send → final event
+    assert record.tpot_ms == pytest.approx((350.0 - 100.0) / (3 - 1))
+    assert record.gaps_ms == pytest.approx([50.0, 150.0])
+
+
+def test_one_token_has_no_tpot_and_chunks_count_without_usage() -> None:
+    one = Timeline(sent_s=0.0)
+    one.on_chunk(0.2)
+    one.on_final(0.25)
+    record = one.record(arrival(0, output=1), origin_s=0.0)
+    assert (record.output_tokens, record.tpot_ms, record.gaps_ms) == (1, None, [])
+    assert record.e2e_ms == pytest.approx(250.0)
+
+    no_usage = Timeline(sent_s=0.0)
+    for at_s in (0.1, 0.2, 0.3, 0.4):
+        no_usage.on_chunk(at_s)
+    no_usage.on_final(0.4)
+    record = no_usage.record(arrival(1), origin_s=0.0)
+    assert record.output_tokens == 4 and record.tpot_ms == pytest.approx(100.0)
+
+
+def test_client_bucket_and_prompt_ids() -> None:
+    assert [client_bucket(100, 27), client_bucket(100, 28), client_bucket(500, 12), client_bucket(500, 13)] == [
+        "short",
+        "medium",
+        "medium",
+        "long",
+    ]
+    ids = prompt_token_ids(3, 500)
+    assert len(ids) == 500 and all(100 <= token < 1000 for token in ids)
+    assert ids == prompt_token_ids(3, 500)
+    assert ids[:16] != prompt_token_ids(4, 500)[:16] and ids[:16] != prompt_token_ids(3, 500, salt=1)[:16]
+
+
+# --- the real client against a local SSE server ---
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def error_body(message: str, error_type: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": None, "code": None}}
+
+
+def fake_openai_app(received: list[tuple[dict[str, str], dict[str, Any]]]) -> FastAPI:
+    """Tenant ``shed`` gets a 429, ``broken`` a 500, ``slow`` waits 30 s, ``midway`` an error event after
+    one token; everyone else gets ``max_tokens`` text chunks (the first after FIRST_SLEEP_S, then every GAP_S), a finish chunk, usage and [DONE]."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        received.append((dict(request.headers), body))
+        tenant = request.headers.get("x-tailcut-tenant")
+        if tenant == "shed":
+            return JSONResponse(error_body("background queue is full", "rate_limit_error"), status_code=429)
+        if tenant == "broken":
+            return JSONResponse(error_body("internal error", "internal_error"), status_code=500)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            def chunk(text: str, finish: str | None = None) -> bytes:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+                return sse({"id": "cmpl-1", "object": "text_completion", "model": MODEL, "choices": [choice]})
+
+            yield chunk("")  # no content: must not count as the first token
+            await asyncio.sleep(30 if tenant == "slow" else FIRST_SLEEP_S)
+            for position in range(body["max_tokens"]):
+                if position:
+                    await asyncio.sleep(GAP_S)
+                yield chunk(f" w{position}")
+                if tenant == "midway":  # the engine failed after one token
+                    yield sse(error_body("the engine stopped", "service_unavailable"))
+                    yield b"data: [DONE]\n\n"
+                    return
+            yield chunk("", "length")
+            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}
+            yield sse({"id": "cmpl-1", "object": "text_completion", "model": MODEL, "choices": [], "usage": usage})
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    return app
+
+
+@dataclass
+class FakeServer:
+    url: str
+    received: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeServer]:
+    """uvicorn on a free loopback port, in its own thread and event loop (as a real server would be)."""
+    received: list[tuple[dict[str, str], dict[str, Any]]] = []
+    config = uvicorn.Config(
+        fake_openai_app(received),
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        lifespan="off",
+        ws="none",
+        timeout_graceful_shutdown=1,
+    )
+    uvicorn_server = uvicorn.Server(config)
+    thread = threading.Thread(target=uvicorn_server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not uvicorn_server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the test server did not start"
+        time.sleep(0.01)
+    port = uvicorn_server.servers[0].sockets[0].getsockname()[1]
+    yield FakeServer(f"http://127.0.0.1:{port}", received)
+    uvicorn_server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def fake(server: FakeServer) -> FakeServer:
+    server.received.clear()
+    return server
+
+
+async def test_one_request_sends_the_benchmark_body(fake: FakeServer) -> None:
+    async with open_http(fake.url) as http:
+        record = await send(http, MODEL, arrival(0, output=5), origin_s=time.perf_counter(), salt=9)
+    ((headers, body),) = fake.received
+    assert headers["x-tailcut-tier"] == "realtime" and headers["x-tailcut-tenant"] == "acme"
+    assert body["prompt"] == prompt_token_ids(0, 30, salt=9)
+    assert body["max_tokens"] == 5 and body["ignore_eos"] is True and body["temperature"] == 0
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+
+    assert record.status == "ok" and record.error is None and record.output_tokens == 5
+    assert record.ttft_ms is not None and record.ttft_ms >= FIRST_SLEEP_S * 1000
+    assert record.e2e_ms is not None and record.e2e_ms >= record.ttft_ms + 4 * GAP_S * 1000
+    assert len(record.gaps_ms) == 4
+    assert record.tpot_ms == pytest.approx((record.e2e_ms - record.ttft_ms) / 4)
+
+
+async def test_closed_loop_records_every_outcome(fake: FakeServer) -> None:
+    requests = [
+        arrival(0, output=3),
+        arrival(1, tenant="shed", tier="background"),
+        arrival(2, output=2),
+        arrival(3, tenant="broken"),
+        arrival(4, output=4),
+        arrival(5, output=1),
+        arrival(6, tenant="midway"),
+    ]
+    result = await loadgen.run_closed_loop(fake.url, MODEL, requests, concurrency=2, timeout_s=10)
+
+    assert [record.index for record in result.records] == list(range(7))
+    assert [record.status for record in result.records] == ["ok", "rejected", "ok", "error", "ok", "ok", "error"]
+    assert result.records[1].error == "HTTP 429: background queue is full"
+    assert result.records[3].error == "HTTP 500: internal error"
+    assert result.records[6].error == "the engine stopped" and result.records[6].output_tokens == 1
+    for record in (result.records[i] for i in (0, 2, 4, 5)):
+        assert record.output_tokens == requests[record.index].output_tokens
+        assert record.ttft_ms is not None and record.ttft_ms >= FIRST_SLEEP_S * 1000
+    assert result.records[5].tpot_ms is None
+    assert 0 < result.duration_s < 5
+
+
+async def test_open_loop_sends_on_schedule(fake: FakeServer) -> None:
+    trace = poisson_trace(Workload.model_validate(TINY_WORKLOAD), 40.0, seed=3, count=8)
+    result = await loadgen.run_open_loop(fake.url, MODEL, trace, timeout_s=10)
+
+    assert [record.status for record in result.records] == ["ok"] * 8
+    assert len(fake.received) == 8
+    for planned, record in zip(trace, result.records, strict=True):
+        assert record.tier == planned.tier and record.output_tokens == planned.output_tokens
+        assert planned.at_s <= record.sent_s < planned.at_s + 0.2  # sent at its offset
+        assert record.bucket == client_bucket(planned.prompt_tokens, planned.output_tokens)
+    # Open loop: requests go out while earlier ones are still streaming (each takes ≥ 50 ms; gaps ~25 ms).
+    finished_s = [record.sent_s + (record.e2e_ms or 0) / 1000 for record in result.records]
+    assert any(later.sent_s < finished_s[i] for i, later in enumerate(result.records[1:]))
+
+
+async def test_time_limit_and_connection_errors_become_records(fake: FakeServer, free_port: int) -> None:
+    slow = [arrival(0, tenant="slow"), arrival(1), arrival(2, at_s=5.0)]
+    started = time.perf_counter()
+    result = await loadgen.run_open_loop(fake.url, MODEL, slow, timeout_s=0.3)
+    assert time.perf_counter() - started < 2
+    assert [(record.status, record.error) for record in result.records] == [
+        ("error", "timeout"),
+        ("ok", None),
+        ("error", "timeout (not sent)"),
+    ]
+    closed = await loadgen.run_closed_loop(fake.url, MODEL, slow, concurrency=1, timeout_s=0.3)
+    assert [record.error for record in closed.records] == ["timeout", "timeout (not sent)", "timeout (not sent)"]
+
+    unreachable = await loadgen.run_closed_loop(f"http://127.0.0.1:{free_port}", MODEL, slow[1:2], concurrency=1)
+    ((record),) = unreachable.records
+    assert record.status == "error" and record.error is not None and record.error.startswith("ConnectError")
+
+
+async def test_model_is_read_from_the_server(fake: FakeServer) -> None:
+    assert await fetch_model(fake.url) == MODEL
+
+
+def test_cli_writes_report_and_plots(server: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workload = tmp_path / "tiny.json"
+    workload.write_bytes(orjson.dumps(TINY_WORKLOAD))
+    out = tmp_path / "out"
+    main(["bench", "load", "--url", server.url, "--workload", str(workload), "-c", "3", "-n", "6", "--out", str(out)])
+
+    report = orjson.loads((out / "load.json").read_bytes())
+    assert report["workload"] == "tiny" and report["model"] == MODEL and report["command"]
+    assert len(report["records"]) == 6 and {record["status"] for record in report["records"]} == {"ok"}
+    assert sum(row["num_requests"] for row in report["tiers"]) == 6
+    for name in ("load_cdf_e2e.png", "load_cdf_ttft.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert "realtime" in capsys.readouterr().out
