@@ -1,0 +1,348 @@
+"""``tailcut bench policies``: every policy at every load on one arrival trace, on the virtual clock (SIMULATOR).
+
+The run measures the ``fifo`` saturation rate first, then replays the same seeded Poisson trace
+(``bench.workloads``) at each share of it through ``bench.simrun`` for every variant, in parallel
+processes. Each figure is printed beside what physics allows (the floor of E2E under the cost model at
+that load) and beside the background throughput it left, and the targets of WORKLOADS.md are checked
+and reported as met or missed. A second experiment compares the KV utilisation of a static reservation
+with paged blocks of 32 and 16.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from api.shedding import ShedLimits
+from bench.simrun import SIMULATOR_NOTE, SimConfig, SimPolicyName, SimRun, fifo_capacity_rps, simulate
+from bench.simrun import floor_e2e_ms as floor_of
+from bench.stats import RequestRecord, Status, Summary, attainment, summarize, tpot_ms
+from bench.workloads import Workload, poisson_trace
+from queues.keys import Tier
+from workers.budget import BudgetConfig
+from workers.engines.costmodel import CostModel
+from workers.engines.sim import KvAllocation
+from workers.scheduler import SchedulerConfig
+
+LOADS: tuple[float, ...] = (0.5, 0.7, 0.9, 1.0, 1.2)
+TIERS: tuple[Tier, ...] = ("realtime", "normal", "background")
+# The engine option tailcut deploys with (``TAILCUT_ENGINE__LONG_PREFILL_TOKEN_THRESHOLD``); the
+# baselines run vLLM's default, no cap.
+TAILCUT_PREFILL_CHUNK = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    label: str
+    policy: SimPolicyName
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    shed: ShedLimits | None = None
+    long_prefill_token_threshold: int = 0
+
+
+def variants() -> list[Variant]:
+    """The four policies of WORKLOADS.md, and tailcut with the other budget rules."""
+    tailcut = SchedulerConfig(prefill_chunk_tokens=TAILCUT_PREFILL_CHUNK)
+    return [
+        Variant("static-batch", "static-batch"),
+        Variant("fifo", "fifo"),
+        Variant("vllm-priority", "vllm-priority"),
+        Variant("tailcut", "tailcut", tailcut, ShedLimits(), TAILCUT_PREFILL_CHUNK),
+        Variant(
+            "tailcut/article-512",
+            "tailcut",
+            replace(tailcut, budget=BudgetConfig(rule="article", min_tokens=512)),
+            ShedLimits(),
+            TAILCUT_PREFILL_CHUNK,
+        ),
+        Variant(
+            "tailcut/slack",
+            "tailcut",
+            replace(tailcut, budget=BudgetConfig(rule="slack", min_tokens=768)),
+            ShedLimits(),
+            TAILCUT_PREFILL_CHUNK,
+        ),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One simulated run, everything a worker process needs to repeat it."""
+
+    variant: Variant
+    load: float
+    rate_rps: float
+    seed: int
+    duration_s: float
+    workload: Workload
+    cost: CostModel
+    kv_allocation: KvAllocation = "paged"
+    block_size: int = 16
+    max_tokens: str = "exact"
+
+    def config(self) -> SimConfig:
+        return SimConfig(
+            policy=self.variant.policy,
+            cost=self.cost,
+            label=self.variant.label,
+            scheduler=self.variant.scheduler,
+            shed=self.variant.shed,
+            long_prefill_token_threshold=self.variant.long_prefill_token_threshold,
+            kv_allocation=self.kv_allocation,
+            block_size=self.block_size,
+            max_tokens="tier-cap" if self.max_tokens == "tier-cap" else "exact",
+        )
+
+
+@dataclass(slots=True)
+class JobResult:
+    job: Job
+    rows: list[dict[str, Any]]
+    # Per tier, the E2E and TTFT of every request (unfinished ones at their time so far), for plots.
+    e2e_ms: dict[str, list[float]]
+    ttft_ms: dict[str, list[float]]
+    run: dict[str, Any]
+
+
+def records_of(run: SimRun) -> list[RequestRecord]:
+    """The simulator's outcomes as the load generator's records (times from each request's arrival)."""
+    records = []
+    for sim in run.records:
+        arrival = sim.arrival
+        status: Status = "ok" if sim.status == "ok" else "rejected" if sim.status == "rejected" else "error"
+        tpot = None
+        if sim.ttft_ms is not None and sim.e2e_ms is not None:
+            tpot = tpot_ms(ttft_ms=sim.ttft_ms, e2e_ms=sim.e2e_ms, output_tokens=sim.output_tokens)
+        records.append(
+            RequestRecord(
+                index=arrival.index,
+                tier=arrival.tier,
+                bucket=sim.bucket,
+                tenant=arrival.tenant,
+                prompt_tokens=arrival.prompt_tokens,
+                output_tokens=sim.output_tokens,
+                sent_s=arrival.at_s,
+                ttft_ms=sim.ttft_ms,
+                e2e_ms=sim.e2e_ms,
+                tpot_ms=tpot,
+                gaps_ms=[],
+                status=status,
+                error=None if status != "error" else sim.status,
+            )
+        )
+    return records
+
+
+def run_job(job: Job) -> JobResult:
+    trace = poisson_trace(job.workload, job.rate_rps, seed=job.seed, duration_s=job.duration_s)
+    started = time.perf_counter()
+    run = simulate(trace, job.workload, job.config(), duration_s=job.duration_s)
+    wall_s = time.perf_counter() - started
+    records = records_of(run)
+    rows: list[dict[str, Any]] = []
+    e2e: dict[str, list[float]] = {}
+    ttft: dict[str, list[float]] = {}
+    for tier in TIERS:
+        mine = [record for record in records if record.tier == tier]
+        if not mine:
+            continue
+        # A request still queued when the run ends counts at its time so far: a lower bound, so a
+        # policy whose queues grow without bound is not flattered by leaving its worst out.
+        end_ms = run.end_s * 1000
+        e2e[tier] = [
+            r.e2e_ms if r.e2e_ms is not None else end_ms - r.sent_s * 1000 for r in mine if r.status != "rejected"
+        ]
+        ttft[tier] = [
+            r.ttft_ms if r.ttft_ms is not None else end_ms - r.sent_s * 1000 for r in mine if r.status != "rejected"
+        ]
+        e2e_summary, ttft_summary = summarize(e2e[tier]), summarize(ttft[tier])
+        offered = sum(a.output_tokens for a in trace if a.tier == tier)
+        rows.append(
+            {
+                "policy": job.variant.label,
+                "load": job.load,
+                "tier": tier,
+                "requests": len(mine),
+                "p50_ttft_ms": _p(ttft_summary, "p50"),
+                "p99_ttft_ms": _p(ttft_summary, "p99"),
+                "p50_e2e_ms": _p(e2e_summary, "p50"),
+                "p90_e2e_ms": _p(e2e_summary, "p90"),
+                "p99_e2e_ms": _p(e2e_summary, "p99"),
+                "max_e2e_ms": _p(e2e_summary, "max"),
+                "floor_e2e_ms": floor_of(job.workload, job.cost, job.rate_rps, tier),
+                "attainment": attainment(mine, job.workload.mix(tier).slo),
+                "output_tokens_per_s": run.window_output_tokens[tier] / job.duration_s,
+                "offered_tokens_per_s": offered / job.duration_s,
+                "rejected": sum(r.status == "rejected" for r in mine),
+                "unfinished": sum(r.error == "unfinished" for r in mine),
+                "expired": sum(r.error == "expired" for r in mine),
+            }
+        )
+    return JobResult(
+        job=job,
+        rows=rows,
+        e2e_ms=e2e,
+        ttft_ms=ttft,
+        run={
+            "policy": job.variant.label,
+            "load": job.load,
+            "rate_rps": job.rate_rps,
+            "requests": len(trace),
+            "virtual_s": run.end_s,
+            "steps": run.num_steps,
+            "preempted": run.num_preempted,
+            "yielded": run.num_yielded,
+            "wall_s": wall_s,
+            "kv_allocation": job.kv_allocation,
+            "block_size": job.block_size,
+            "kv_mean_usage": run.kv.mean_usage,
+            "kv_peak_usage": run.kv.peak_usage,
+            "kv_filled_share": run.kv.mean_filled_share,
+            "max_running": run.kv.max_running,
+        },
+    )
+
+
+def _p(summary: Summary | None, name: str) -> float | None:
+    return None if summary is None else float(getattr(summary, name))
+
+
+@dataclass(slots=True)
+class PoliciesReport:
+    workload: Workload
+    cost: CostModel
+    seed: int
+    duration_s: float
+    capacity_rps: float
+    results: list[JobResult]
+    kv_results: list[JobResult]
+    wall_s: float
+
+    def row(self, policy: str, load: float, tier: Tier) -> dict[str, Any]:
+        for result in self.results:
+            for row in result.rows:
+                if row["policy"] == policy and row["load"] == load and row["tier"] == tier:
+                    return row
+        raise KeyError((policy, load, tier))
+
+
+def run(
+    workload: Workload,
+    cost: CostModel,
+    *,
+    seed: int,
+    duration_s: float,
+    loads: Sequence[float] = LOADS,
+    jobs: int | None = None,
+    on_done: Callable[[JobResult], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> PoliciesReport:
+    """Measure fifo's capacity, then every variant at every load, and the KV allocation experiment."""
+    started = time.perf_counter()
+    capacity = fifo_capacity_rps(workload, cost, seed=seed)
+    batch = [
+        Job(variant, load, load * capacity, seed, duration_s, workload, cost)
+        for variant in variants()
+        for load in loads
+    ]
+    fifo = next(variant for variant in variants() if variant.label == "fifo")
+    allocations: list[tuple[KvAllocation, int]] = [("static", 16), ("paged", 32), ("paged", 16)]
+    kv_batch = [
+        Job(fifo, 0.9, 0.9 * capacity, seed, duration_s, workload, cost, allocation, block, "tier-cap")
+        for allocation, block in allocations
+    ]
+    if on_start is not None:
+        on_start(len(batch) + len(kv_batch))
+    results: list[JobResult] = []
+    kv_results: list[JobResult] = []
+    workers = jobs or os.cpu_count() or 1
+    # Longest runs first, so the pool does not end waiting on one straggler.
+    ordered = sorted([*batch, *kv_batch], key=lambda job: -job.load)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(run_job, job): job for job in ordered}
+        for future in as_completed(futures):
+            result = future.result()
+            (kv_results if futures[future] in kv_batch else results).append(result)
+            if on_done is not None:
+                on_done(result)
+    results.sort(key=lambda result: ([v.label for v in variants()].index(result.job.variant.label), result.job.load))
+    kv_results.sort(key=lambda result: kv_batch.index(result.job))
+    return PoliciesReport(
+        workload, cost, seed, duration_s, capacity, results, kv_results, time.perf_counter() - started
+    )
+
+
+# --- targets (WORKLOADS.md) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TargetCheck:
+    name: str
+    value: float
+    target: str
+    met: bool
+
+
+def check_targets(report: PoliciesReport) -> list[TargetCheck]:
+    """The WORKLOADS.md targets for ``tailcut``, computed from this run's rows."""
+
+    def rt(policy: str, load: float) -> dict[str, Any]:
+        return report.row(policy, load, "realtime")
+
+    def bg_tokens(policy: str, load: float) -> float:
+        return float(report.row(policy, load, "background")["output_tokens_per_s"])
+
+    checks: list[TargetCheck] = []
+    ours, static, fifo = rt("tailcut", 0.9), rt("static-batch", 0.9), rt("fifo", 0.9)
+    ratio = static["p99_e2e_ms"] / ours["p99_e2e_ms"]
+    checks.append(TargetCheck("90%: realtime P99 E2E, static-batch / tailcut", ratio, ">= 4", ratio >= 4))
+    ratio = ours["p99_ttft_ms"] / fifo["p99_ttft_ms"]
+    checks.append(TargetCheck("90%: realtime P99 TTFT, tailcut / fifo", ratio, "<= 0.25", ratio <= 0.25))
+    ratio = ours["p99_e2e_ms"] / ours["floor_e2e_ms"]
+    checks.append(TargetCheck("90%: realtime P99 E2E / physical floor", ratio, "<= 1.10", ratio <= 1.10))
+    ratio = bg_tokens("tailcut", 0.9) / bg_tokens("fifo", 0.9)
+    checks.append(TargetCheck("90%: background throughput, tailcut / fifo", ratio, ">= 0.95", ratio >= 0.95))
+    for load in (0.9, 1.0):
+        ours, theirs = rt("tailcut", load), rt("vllm-priority", load)
+        ratio = ours["p99_e2e_ms"] / theirs["p99_e2e_ms"]
+        checks.append(
+            TargetCheck(f"{load:.0%}: realtime P99 E2E, tailcut / vllm-priority", ratio, "<= 0.85", ratio <= 0.85)
+        )
+        checks.append(
+            TargetCheck(
+                f"{load:.0%}: realtime attainment, tailcut", ours["attainment"], ">= 0.99", ours["attainment"] >= 0.99
+            )
+        )
+        ratio = bg_tokens("tailcut", load) / bg_tokens("vllm-priority", load)
+        checks.append(
+            TargetCheck(f"{load:.0%}: background throughput, tailcut / vllm-priority", ratio, ">= 0.95", ratio >= 0.95)
+        )
+    overload = rt("tailcut", 1.2)
+    checks.append(
+        TargetCheck(
+            "120%: realtime attainment, tailcut", overload["attainment"], ">= 0.99", overload["attainment"] >= 0.99
+        )
+    )
+    unfinished = sum(report.row("tailcut", 1.2, tier)["unfinished"] for tier in TIERS)
+    checks.append(
+        TargetCheck("120%: tailcut requests still queued when the drain window ends", unfinished, "0", unfinished == 0)
+    )
+    shed = {tier: report.row("tailcut", 1.2, tier)["rejected"] for tier in TIERS}
+    background_first = shed["background"] > 0 and shed["realtime"] == 0
+    checks.append(
+        TargetCheck(
+            "120%: excess shed as 429, background first (realtime 429s)",
+            shed["realtime"],
+            "0 while background > 0",
+            background_first,
+        )
+    )
+    return checks
+
+
+def note(cost: CostModel) -> str:
+    return SIMULATOR_NOTE.format(cost=cost.name)
