@@ -111,9 +111,10 @@ async def submit(state: ApiState, message: RequestMessage) -> ReplyStream:
     waiting = state.backlog.waiting(message.tier)
     if limits.sheds(message.tier, waiting):
         state.metrics.shed.labels(message.tier).inc()
+        limit = limits.limit(message.tier)
         raise OverloadedError(
-            f"the {message.tier} queue is full ({waiting} requests waiting, limit {limits.limit(message.tier)}); "
-            "retry after a moment"
+            f"the {message.tier} queue is full ({waiting} requests waiting, limit {limit}); retry later",
+            retry_after_s=state.backlog.retry_after_s(message.tier, limit),
         )
     stream = state.router.open(message.id)
     try:

@@ -10,7 +10,12 @@ engine's time goes to the tiers whose SLOs can still be met. The simulator appli
 "Waiting" is the intake streams' lag (entries no worker has read yet), polled every
 ``shed_probe_interval_s``, plus the requests this process admitted since the last poll, so a burst
 between two polls cannot run past the bound. Requests a worker has read ahead into its local queue
-(at most ``TAILCUT_SCHEDULER__PREFETCH`` per tier) are not counted.
+(at most ``TAILCUT_SCHEDULER__PREFETCH`` per tier) are not counted. The bound is on requests, not on
+queued tokens (DESIGN.md names both): the API sees only the streams' lag, and a count bounds the
+wait well enough when the tier's lengths are bounded, as the length buckets keep them.
+
+``Retry-After`` is how long the workers take, at the tier's recent drain rate, to read the requests
+that stand between the queue and a free place in it: at least 1 s, at most 30 s.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -28,6 +35,10 @@ from queues.keys import BUCKETS, TIERS, Keys, Tier
 from tailcut.logs import log_event
 
 log = logging.getLogger("tailcut.api")
+
+RETRY_AFTER_MAX_S = 30
+# Weight of the newest probe in the drain-rate average (about the last two seconds at 10 probes/s).
+DRAIN_SMOOTHING = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +67,9 @@ class Backlog:
         self._interval_s = interval_s
         self._probed: dict[Tier, int] = dict.fromkeys(TIERS, 0)
         self._admitted: dict[Tier, int] = dict.fromkeys(TIERS, 0)
+        # Requests per second the workers read from each tier's streams (smoothed).
+        self._drain_rps: dict[Tier, float] = dict.fromkeys(TIERS, 0.0)
+        self._probed_at: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
@@ -65,11 +79,27 @@ class Backlog:
     def admitted(self, tier: Tier) -> None:
         self._admitted[tier] += 1
 
+    def retry_after_s(self, tier: Tier, limit: int) -> int:
+        """Seconds until the tier's queue has drained below ``limit`` at the recent drain rate."""
+        excess = self.waiting(tier) - limit + 1
+        rate = self._drain_rps[tier]
+        if rate <= 0:
+            return RETRY_AFTER_MAX_S
+        return max(1, min(RETRY_AFTER_MAX_S, math.ceil(excess / rate)))
+
     async def probe(self) -> None:
         lags = await intake.backlog(self._redis, [stream for streams in self._streams.values() for stream in streams])
+        now = time.monotonic()
+        elapsed = now - self._probed_at if self._probed_at is not None else 0.0
         for tier, streams in self._streams.items():
-            self._probed[tier] = sum(lags.get(stream, 0) for stream in streams)
+            lag = sum(lags.get(stream, 0) for stream in streams)
+            if elapsed > 0:
+                # Read by workers since the last probe: what was there, plus what came, minus what is left.
+                drained = max(0, self._probed[tier] + self._admitted[tier] - lag)
+                self._drain_rps[tier] += DRAIN_SMOOTHING * (drained / elapsed - self._drain_rps[tier])
+            self._probed[tier] = lag
             self._admitted[tier] = 0
+        self._probed_at = now
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="shed-backlog")

@@ -9,6 +9,7 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
+from api.shedding import Backlog, ShedLimits
 from queues import intake
 from queues.connection import check_redis, connect, connect_blocking
 from queues.keys import Keys
@@ -167,3 +168,28 @@ async def test_ack_deletes_the_entry_and_clears_the_pending_list(redis: aioredis
     assert (await redis.xpending(stream, "workers"))["pending"] == 0
     assert await redis.xlen(stream) == 0
     await redis.delete(*keys.intake_all())
+
+
+async def test_backlog_counts_waiting_requests_and_retry_after_follows_the_drain_rate(redis: aioredis.Redis) -> None:
+    keys = Keys(unique_prefix())
+    backlog = Backlog(redis, keys, interval_s=1.0)
+    stream = keys.intake("background", "long")
+    try:
+        for index in range(20):
+            await redis.xadd(stream, {"d": b"x%d" % index})
+        await backlog.probe()
+        assert backlog.waiting("background") == 20  # no group yet: the whole stream waits
+        assert backlog.retry_after_s("background", 10) == 30  # nothing drains: the longest wait
+        await intake.ensure_groups(redis, keys)
+        await redis.xreadgroup(intake.WORKER_GROUP, "w", {stream: ">"}, count=10)
+        backlog.admitted("background")
+        await asyncio.sleep(0.2)
+        await backlog.probe()
+        assert backlog.waiting("background") == 10
+        # 10 read in ~0.2 s: about 50/s smoothed by 0.05 → ~2.5/s; 1 excess request → 1 s at most.
+        assert 1 <= backlog.retry_after_s("background", 10) <= 2
+        assert not ShedLimits(background=11).sheds("background", backlog.waiting("background"))
+        assert ShedLimits(background=10).sheds("background", backlog.waiting("background"))
+        assert not ShedLimits(background=0).sheds("background", 10_000)
+    finally:
+        await redis.delete(*keys.intake_all())
