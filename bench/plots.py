@@ -7,6 +7,7 @@ are built without pyplot (no global state, no display) and saved by matplotlib's
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def plot_cdf(
             ax.set_xscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    fig.suptitle(f"{metric} CDF per tier\n{note}")
+    fig.suptitle(f"{metric} CDF per tier\n{_wrap(note, 45 * max(len(tiers), 1))}")
     return _save(fig, path)
 
 
@@ -59,7 +60,7 @@ def plot_p99_vs_load(
 ) -> Path:
     """``rows`` of (label, load, p99_ms), one line per label; ``floor_ms`` ({load: ms}) draws what physics
     allows at each load as a short horizontal mark, so each figure is read against its floor."""
-    fig = Figure(figsize=(7, 4.5))
+    fig = Figure(figsize=(8, 5))
     ax = fig.subplots()
     for label in dict.fromkeys(row[0] for row in rows):
         points = sorted((load, p99_ms) for row_label, load, p99_ms in rows if row_label == label)
@@ -73,8 +74,13 @@ def plot_p99_vs_load(
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    fig.suptitle(f"{metric} against load\n{note}")
+    fig.suptitle(f"{metric} against load\n{_wrap(note, 80)}")
     return _save(fig, path)
+
+
+def _wrap(note: str, width: int) -> str:
+    """The note on as many lines as the figure's width needs."""
+    return "\n".join(textwrap.fill(line, width) for line in note.splitlines())
 
 
 def _save(fig: Figure, path: Path) -> Path:
