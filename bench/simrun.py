@@ -23,7 +23,6 @@ Policies:
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 from collections.abc import Callable
@@ -183,7 +182,7 @@ class _Driver:
         self.step_ms = 20.0
         self.num_preempted = 0
         self.num_yielded = 0
-        self.prompt_ids = itertools.count(_PROMPT_ID_BASE)
+        self.next_prompt_id = _PROMPT_ID_BASE
 
     # --- arrivals -------------------------------------------------------------------------------
 
@@ -201,7 +200,7 @@ class _Driver:
             tenant=arrival.tenant,
             tier=arrival.tier,
             bucket=bucket_of(arrival.prompt_tokens + predicted, self.api),
-            prompt_token_ids=[next(self.prompt_ids) for _ in range(arrival.prompt_tokens)],
+            prompt_token_ids=self._prompt_ids(arrival.prompt_tokens),
             sampling=SamplingSpec(
                 max_tokens=mix.output_tokens[1] if self.config.max_tokens == "tier-cap" else arrival.output_tokens,
                 ignore_eos=self.config.max_tokens == "exact",
@@ -222,6 +221,10 @@ class _Driver:
         else:
             self.scheduler.add(sched_request(message))
         return record
+
+    def _prompt_ids(self, count: int) -> list[int]:
+        first, self.next_prompt_id = self.next_prompt_id, self.next_prompt_id + count
+        return list(range(first, self.next_prompt_id))
 
     def _num_waiting(self, tier: Tier) -> int:
         return sum(1 for request in self.scheduler.waiting() if request.tier == tier)

@@ -466,8 +466,12 @@ class SimEngine:
         """Write ``num_new`` tokens of KV and register the blocks they complete in the prefix cache."""
         start = request.num_computed_tokens
         end = start + num_new
-        for index in range(start // self.block_size, _ceil_div(end, self.block_size)):
-            self._pool.fill(request.block_ids[index], min(self.block_size, end - index * self.block_size))
+        if num_new == 1:  # a decode, most of every step: one slot of the last block
+            index = start // self.block_size
+            self._pool.fill(request.block_ids[index], end - index * self.block_size)
+        else:
+            for index in range(start // self.block_size, _ceil_div(end, self.block_size)):
+                self._pool.fill(request.block_ids[index], min(self.block_size, end - index * self.block_size))
         request.num_computed_tokens = end
         num_full = end // self.block_size
         if self.prefix_cache and num_full > request.num_registered_blocks:
