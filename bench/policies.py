@@ -62,7 +62,7 @@ def variants() -> list[Variant]:
         Variant(
             "tailcut/slack",
             "tailcut",
-            replace(tailcut, budget=BudgetConfig(rule="slack", min_tokens=768)),
+            replace(tailcut, budget=BudgetConfig(rule="slack", min_tokens=1024)),
             ShedLimits(),
             TAILCUT_PREFILL_CHUNK,
         ),

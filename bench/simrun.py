@@ -11,7 +11,10 @@ What the driver does per round mirrors ``workers.worker.Worker``: a scheduling r
 become engine requests ``{id}-{slice}`` with the tier as priority, its preemptions abort and requeue a
 continuation), the budget it chose applied to the engine's step budget, one engine step, then each
 finished slice either continues at once (``at_slice_boundary`` said go on) or is requeued. Rounds run
-once per engine step here; the live worker runs one per change, which is at least as often.
+once per engine step here; the live worker runs one per change, which is at least as often. As with a
+real engine, the driver reads a step's outputs (tokens, finishes, first tokens) only once the next
+step is under way (``output_lag_steps``), so what it does about them lands a step later; ``tailcut
+bench live`` found the live pipeline between this and reading at once, closer to this.
 
 Policies:
 - ``fifo``, ``vllm-priority``: every arrival goes straight to the engine (a plain engine server), FCFS
@@ -76,6 +79,10 @@ class SimConfig:
     max_tokens: Literal["exact", "tier-cap"] = "exact"
     # After the last arrival, the run goes on at most this long for queued work to finish.
     drain_s: float = 120.0
+    # 1: the scheduler learns of a step's tokens, finishes and first tokens only while the engine
+    # already runs the next step (vLLM's engine core does not wait for its client), so reactions to
+    # them land a step later; new arrivals still make the next step. 0: it learns at once.
+    output_lag_steps: Literal[0, 1] = 1
 
     @property
     def name(self) -> str:
@@ -302,7 +309,9 @@ class _Driver:
         end_us = step.end_us
         self.step_ms += STEP_SMOOTHING * (step.duration_us / 1000 - self.step_ms)
         for engine_id, token_id in step.new_token_ids.items():
-            request = self.by_engine_id[engine_id]
+            request = self.by_engine_id.get(engine_id)
+            if request is None:  # preempted after the step ran: its continuation starts from before
+                continue
             if tokens_per_tier is not None:
                 tokens_per_tier[request.arrival.tier] += 1
             request.generated.append(token_id)
@@ -312,7 +321,9 @@ class _Driver:
             if request.record.ttft_ms is None:
                 request.record.ttft_ms = end_us / 1000 - request.arrival.at_s * 1000
         for engine_id in step.finished:
-            request = self.by_engine_id.pop(engine_id)
+            request = self.by_engine_id.pop(engine_id, None)
+            if request is None:
+                continue
             request.engine_id = None
             self._slice_done(request, end_us)
 
@@ -363,6 +374,13 @@ def simulate(
     window_end_us = duration_s * 1e6
     num_steps = 0
     next_progress_us = 0.0
+    # With ``output_lag_steps`` 1, a step's outputs reach the driver only once the next step is
+    # under way, as a worker reads vLLM's outputs while its engine core already runs the next step.
+    unread: StepResult | None = None
+
+    def read(step: StepResult) -> None:
+        driver.after_step(step, window_tokens if step.start_us < window_end_us else None)
+
     while True:
         now_us = engine.now_us
         while pending and pending[0].at_s * 1e6 <= now_us:
@@ -377,6 +395,10 @@ def simulate(
         driver.schedule(int(now_us / 1000))
         step = engine.step()
         if step.idle:
+            if unread is not None:  # the engine ran dry: what it last produced is read now
+                read(unread)
+                unread = None
+                continue
             # Nothing could run (a static batch waits for its start, or the engine is empty while
             # requests wait in the scheduler for the clock): move to the next arrival.
             if engine.num_unfinished() or not pending:
@@ -385,10 +407,17 @@ def simulate(
             continue
         num_steps += 1
         kv.add(step, engine.num_running)
-        driver.after_step(step, window_tokens if step.start_us < window_end_us else None)
+        if config.output_lag_steps:
+            if unread is not None:
+                read(unread)
+            unread = step
+        else:
+            read(step)
         if on_progress is not None and now_us >= next_progress_us:
             on_progress(now_us / 1e6)
             next_progress_us = now_us + 1e6
+    if unread is not None:
+        read(unread)
     for request in driver.by_id.values():
         request.record.status = "unfinished"
         request.record.output_tokens = len(request.generated)

@@ -63,7 +63,7 @@ class SchedRequest:
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     policy: Policy = "tailcut"
-    budget: BudgetConfig = field(default_factory=lambda: BudgetConfig(rule="room", min_tokens=768))
+    budget: BudgetConfig = field(default_factory=lambda: BudgetConfig(rule="room", min_tokens=1024))
     max_cut_ins: int = 3
     slice_tokens: int = 256
     # Most prompt tokens the engine computes per request and step (vLLM's

@@ -116,7 +116,7 @@ class SchedulerSettings(BaseModel):
         "room", description="Token budget rule per round (`workers/budget.py`)."
     )
     min_budget_tokens: int = Field(
-        768, ge=16, description="Token budget floor (`room`: prefill room above the running decodes)."
+        1024, ge=16, description="Token budget floor (`room`: prefill room above the running decodes)."
     )
     max_budget_tokens: int = Field(2048, ge=16, description="Token budget ceiling (at most the engine's).")
     tokens_per_short: int = Field(64, ge=1, description="Article rule: budget per waiting short request.")

@@ -308,7 +308,9 @@ class Worker:
                 ):
                     if delta.token_ids or delta.text:
                         if not slice_generated:
+                            # Its prompt no longer takes budget: a round now may admit more.
                             self.scheduler.prefilled(message.id)
+                            self._wake.set()
                         emit(
                             OutputEvent(
                                 rid=message.id, seq=seq, type="chunk", text=delta.text, token_ids=delta.token_ids
