@@ -165,20 +165,27 @@ async def event_stream(
         opening = renderer.opening()
         if opening is not None:
             yield sse(opening)
-        async for event in stream.events():
-            tracker.on_event(event)
-            if event.type == "chunk":
-                yield sse(renderer.content(event))
-            elif event.type == "final":
-                finished = True
-                yield sse(renderer.finish(event))
-                if renderer.include_usage:
-                    yield sse(renderer.usage_chunk(event))
-            elif event.type == "error":
-                finished = True
-                error = event_error(event)
-                yield sse(error_body(error.message, error.error_type, code=error.code))
-        yield DONE
+        async for batch in stream.batches():
+            # Events that arrived together leave together: one ASGI message and one socket write for the
+            # batch instead of one per chunk (a lagging API thereby writes less per chunk, not more).
+            frames: list[bytes] = []
+            for event in batch:
+                tracker.on_event(event)
+                if event.type == "chunk":
+                    frames.append(sse(renderer.content(event)))
+                elif event.type == "final":
+                    finished = True
+                    frames.append(sse(renderer.finish(event)))
+                    if renderer.include_usage:
+                        frames.append(sse(renderer.usage_chunk(event)))
+                elif event.type == "error":
+                    finished = True
+                    error = event_error(event)
+                    frames.append(sse(error_body(error.message, error.error_type, code=error.code)))
+            if finished:
+                frames.append(DONE)
+            if frames:
+                yield b"".join(frames)
     finally:
         stream.close()
         state.metrics.open_streams.dec()

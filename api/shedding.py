@@ -74,7 +74,11 @@ class Backlog:
         self._stopping = asyncio.Event()
 
     def waiting(self, tier: Tier) -> int:
-        return self._probed[tier] + self._admitted[tier]
+        """The last probe, plus what this process admitted since, minus what the workers read since at
+        their recent rate (without it, a busy API would count requests already running)."""
+        since_s = time.monotonic() - self._probed_at if self._probed_at is not None else 0.0
+        drained = int(self._drain_rps[tier] * since_s)
+        return max(self._probed[tier], self._probed[tier] + self._admitted[tier] - drained)
 
     def admitted(self, tier: Tier) -> None:
         self._admitted[tier] += 1

@@ -43,6 +43,13 @@ class ReplyStream:
 
     async def events(self) -> AsyncIterator[OutputEvent]:
         """Yield events in sequence order, each once, until the terminal event."""
+        async for batch in self.batches():
+            for event in batch:
+                yield event
+
+    async def batches(self) -> AsyncIterator[list[OutputEvent]]:
+        """The same events, grouped as they arrived together (never empty); the last list ends with the
+        terminal event."""
         poll_s = FIRST_POLL_S
         while True:
             try:
@@ -55,10 +62,13 @@ class ReplyStream:
             batch = [first]
             while not self._inbox.empty():
                 batch.append(self._inbox.get_nowait())
-            for event in await self._order(batch):
-                yield event
+            ordered = await self._order(batch)
+            for position, event in enumerate(ordered):
                 if event.terminal:
+                    yield ordered[: position + 1]
                     return
+            if ordered:
+                yield ordered
 
     async def _order(self, batch: list[OutputEvent | None]) -> list[OutputEvent]:
         ordered: list[OutputEvent] = []

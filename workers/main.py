@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 
@@ -25,6 +26,9 @@ async def serve(settings: WorkerSettings) -> None:
     await check_redis(redis)
     engine = start_engine(settings.engine, model_dir, settings.max_model_len)
     worker = Worker(settings, engine, redis, blocking)
+    # What start-up loaded lives as long as the process: keep the collector from walking it again
+    # and again while requests allocate (the API does the same).
+    gc.freeze()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, worker.stop)

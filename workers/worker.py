@@ -40,6 +40,12 @@ STALE_WORKER_S = 60
 SERVED_IDS_KEPT = 10_000
 # The scheduling loop runs at least this often (deadlines, backlog changes) besides on every event.
 SCHEDULE_TICK_S = 0.05
+# While some tier's local queue is full, a blocking read on the others lasts at most this long, so the
+# room an admission frees is used within it rather than after a whole read_block_ms.
+BLOCK_WHILE_FULL_MS = 20
+# The engine's step budget is changed only when the scheduler's moves by this much: the room rule
+# follows the running count, and each change is a call into vLLM's engine process.
+BUDGET_APPLY_STEP = 128
 BACKLOG_PROBE_S = 0.1
 STEP_SMOOTHING = 0.1
 HELPERS_STOP_S = 5.0
@@ -175,6 +181,7 @@ class Worker:
                 continue
             home = [stream for stream in open_streams if self._stream_of[stream][1] in home_buckets]
             foreign = [stream for stream in open_streams if stream not in home]
+            full = len(open_streams) < len(rooms)
             try:
                 taken = await self._take(home, rooms)
                 if not taken and foreign and self._has_spare_capacity():
@@ -182,7 +189,7 @@ class Worker:
                     taken = await self._take(foreign, rooms)
                     self.stolen_ids.extend(entry.message.id for entry in taken)
                 if not taken:
-                    taken = await self._take_blocking(home or open_streams)
+                    taken = await self._take_blocking(home or open_streams, short=full)
             except RedisError as exc:
                 log_event(log, "intake_read_failed", logging.WARNING, error=str(exc))
                 await asyncio.sleep(0.5)
@@ -205,10 +212,9 @@ class Worker:
             )
         return taken
 
-    async def _take_blocking(self, streams: list[str]) -> list[IntakeEntry]:
-        return await intake.read(
-            self._blocking, self._keys, self.worker_id, streams, count=1, block_ms=self._settings.read_block_ms
-        )
+    async def _take_blocking(self, streams: list[str], *, short: bool = False) -> list[IntakeEntry]:
+        block_ms = min(BLOCK_WHILE_FULL_MS, self._settings.read_block_ms) if short else self._settings.read_block_ms
+        return await intake.read(self._blocking, self._keys, self.worker_id, streams, count=1, block_ms=block_ms)
 
     def _accept(self, entry: IntakeEntry) -> None:
         self.accepted.append((entry.message.id, time.monotonic()))
@@ -261,7 +267,10 @@ class Worker:
                 task.cancel()
         if decision.admit:
             self._room.set()
-        if decision.token_budget != self._budget_applied and self._settings.scheduler.policy == "tailcut":
+        applied = self._budget_applied
+        if self._settings.scheduler.policy == "tailcut" and (
+            applied is None or abs(decision.token_budget - applied) >= BUDGET_APPLY_STEP
+        ):
             self._budget_applied = decision.token_budget
             await self._engine.set_token_budget(decision.token_budget)
 
@@ -300,31 +309,38 @@ class Worker:
                 slice_generated = 0
                 self.num_engine_calls += 1
                 last_delta = time.monotonic()
-                async for delta in self._engine.generate(
+                deltas = self._engine.generate(
                     f"{message.id}-{slice_index}",
                     message.prompt_token_ids + generated,
                     sampling,
                     priority=self.scheduler.engine_priority(request),
-                ):
-                    if delta.token_ids or delta.text:
-                        if not slice_generated:
-                            # Its prompt no longer takes budget: a round now may admit more.
-                            self.scheduler.prefilled(message.id)
-                            self._wake.set()
-                        emit(
-                            OutputEvent(
-                                rid=message.id, seq=seq, type="chunk", text=delta.text, token_ids=delta.token_ids
+                )
+                # Closed however the loop ends, so the engine aborts an abandoned request at once.
+                async with contextlib.aclosing(deltas):
+                    async for delta in deltas:
+                        if message.id in self._preempting or message.id in self._cancel_requested:
+                            # The task was cancelled, but a library may have swallowed the
+                            # CancelledError mid-call (redis-py does): stop here all the same.
+                            raise asyncio.CancelledError
+                        if delta.token_ids or delta.text:
+                            if not slice_generated:
+                                # Its prompt no longer takes budget: a round now may admit more.
+                                self.scheduler.prefilled(message.id)
+                                self._wake.set()
+                            emit(
+                                OutputEvent(
+                                    rid=message.id, seq=seq, type="chunk", text=delta.text, token_ids=delta.token_ids
+                                )
                             )
-                        )
-                        seq += 1
-                        generated += delta.token_ids
-                        slice_generated += len(delta.token_ids)
-                        current = time.monotonic()
-                        gap_ms = (current - last_delta) * 1000
-                        self._step_ms += STEP_SMOOTHING * (gap_ms - self._step_ms)
-                        last_delta = current
-                    if delta.finish_reason is not None:
-                        finish_reason = delta.finish_reason
+                            seq += 1
+                            generated += delta.token_ids
+                            slice_generated += len(delta.token_ids)
+                            current = time.monotonic()
+                            gap_ms = (current - last_delta) * 1000
+                            self._step_ms += STEP_SMOOTHING * (gap_ms - self._step_ms)
+                            last_delta = current
+                        if delta.finish_reason is not None:
+                            finish_reason = delta.finish_reason
                 self.scheduler.advance(message.id, slice_generated)
                 if finish_reason != "length" or len(generated) >= message.sampling.max_tokens:
                     emit(

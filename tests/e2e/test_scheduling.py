@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +20,42 @@ from queues.replies import ReplyRouter
 from tests.e2e.test_recovery import message_for
 from tests.e2e.test_streaming import reference_ids
 from tests.stack import running_stack, running_workers
+from workers.engines.base import EngineDelta
 from workers.engines.vllm_engine import VllmEngine
 from workers.settings import WorkerSettings
+from workers.worker import Worker
 
 pytestmark = pytest.mark.engine
+
+
+class PreemptAt:
+    """The real engine, with the worker preempting one request as soon as it has consumed each of
+    the given numbers of output tokens (counted over all its engine calls)."""
+
+    def __init__(self, engine: VllmEngine, request_id: str, counts: list[int]) -> None:
+        self._engine = engine
+        self._request_id = request_id
+        self.counts = counts
+        self.worker: Worker | None = None
+        self._consumed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
+    ) -> AsyncGenerator[EngineDelta, None]:
+        async with contextlib.aclosing(
+            self._engine.generate(request_id, prompt_token_ids, sampling, priority=priority)
+        ) as deltas:
+            async for delta in deltas:
+                yield delta  # resumes once the worker has taken the delta in
+                if not request_id.startswith(self._request_id):
+                    continue
+                self._consumed += len(delta.token_ids)
+                if self.counts and self._consumed >= self.counts[0] and self.worker is not None:
+                    self.counts.pop(0)
+                    assert self.worker.preempt(self._request_id)
 
 
 def worker_settings(redis_url: str, keys: Keys, **overrides: Any) -> WorkerSettings:
@@ -59,16 +93,16 @@ async def test_background_preempted_twice_and_sliced_matches_the_uninterrupted_g
     message.tier, message.bucket = "background", "long"
     reply = router.open(message.id)
     events: list[OutputEvent] = []
-    async with running_workers([worker_settings(redis_url, keys)], engine, redis_url) as (worker,):
+    # Inside the first slice, and inside the third: preempted by the worker's own count, not the
+    # client's, which may lag the worker by more than the rest of a slice.
+    preempting = PreemptAt(engine, message.id, [100, 450])
+    async with running_workers([worker_settings(redis_url, keys)], preempting, redis_url) as (worker,):  # type: ignore[arg-type]
+        preempting.worker = worker
         await intake.enqueue(redis, keys, message)
-        preempt_at = [100, 450]  # inside the first slice, and inside the third
         async for event in reply.events():
             events.append(event)
-            generated = sum(len(item.token_ids) for item in events)
-            if preempt_at and generated >= preempt_at[0]:
-                preempt_at.pop(0)
-                assert worker.preempt(message.id)
         num_engine_calls, num_preempted = worker.num_engine_calls, worker.num_preempted
+    assert preempting.counts == [], "a preemption point was never reached"
     reply.close()
     tokens = [token for event in events for token in event.token_ids]
     assert tokens == expected

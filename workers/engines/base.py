@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,7 +40,7 @@ class Engine(Protocol):
 
     def generate(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
-    ) -> AsyncIterator[EngineDelta]:
+    ) -> AsyncGenerator[EngineDelta, None]:
         """Stream deltas until the request finishes; cancelling the iteration aborts the request."""
         ...
 

@@ -11,7 +11,7 @@ iteration, then sleeps ``step_ms`` (0: just yields to the event loop), so 200 co
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from queues.messages import SamplingSpec
 from workers.engines.base import EngineDelta
@@ -58,7 +58,7 @@ class NullEngine:
 
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
-    ) -> AsyncIterator[EngineDelta]:
+    ) -> AsyncGenerator[EngineDelta, None]:
         check_request(prompt_token_ids, sampling, self._max_model_len)
         collector = self._loop.open(request_id)
         self._remaining[request_id] = sampling.max_tokens

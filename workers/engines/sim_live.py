@@ -31,7 +31,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from queues.messages import SamplingSpec
@@ -122,7 +122,7 @@ class RealtimeSimEngine:
 
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
-    ) -> AsyncIterator[EngineDelta]:
+    ) -> AsyncGenerator[EngineDelta, None]:
         check_request(prompt_token_ids, sampling, self._max_model_len)
         if request_id in self._cached_tokens:
             raise InvalidRequestError(f"request id {request_id!r} is already running in the engine")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +134,7 @@ class VllmEngine:
 
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
-    ) -> AsyncIterator[EngineDelta]:
+    ) -> AsyncGenerator[EngineDelta, None]:
         from vllm.exceptions import VLLMValidationError
         from vllm.inputs.engine import tokens_input
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
