@@ -24,6 +24,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     predictor.set_defaults(func=cmd_predictor)
     _add_policies_parser(bench_sub)
     _add_load_parser(bench_sub)
+    _add_overhead_parser(bench_sub)
+    _add_vs_vllm_parser(bench_sub)
+    _add_live_parser(bench_sub)
 
 
 def cmd_predictor(args: argparse.Namespace) -> None:
@@ -311,7 +314,7 @@ def _print_policies(
     for column in ("target", "measured", "wanted", ""):
         targets.add_column(column, justify="left" if column == "target" else "right")
     for check in checks:
-        targets.add_row(check.name, f"{check.value:.3g}", check.target, "met" if check.met else "[red]missed[/red]")
+        targets.add_row(check.name, f"{check.value:.3f}", check.target, "met" if check.met else "[red]missed[/red]")
     console.print(targets)
 
 
@@ -353,3 +356,120 @@ def _ms(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value / 1000:.2f} s" if value >= 10_000 else f"{value:.0f} ms"
+
+
+def _add_overhead_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    overhead = bench_sub.add_parser(
+        "overhead",
+        help="LIVE: tailcut's own latency and chunk rate with the zero-cost null engine",
+        description="Starts a private redis-server, the API and one worker running the null engine (no model, "
+        "no cost), then runs a closed loop of fixed-length requests at each concurrency level, with the httpx "
+        "benchmark client and with a raw one that only counts chunks: TTFT is the latency tailcut adds, the chunk "
+        "rate at the highest level is what one API process sustains. Prints CPU per process and per chunk.",
+    )
+    overhead.add_argument("--streams", default="1,50,200", help="concurrency levels, comma-separated")
+    overhead.add_argument("--tokens", type=int, default=64, help="output tokens (= chunks) per request")
+    overhead.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, default=16, help="prompt tokens")
+    overhead.add_argument(
+        "--requests-per-level",
+        dest="requests_per_level",
+        type=int,
+        help="requests at each level (default: max(200, 5 x streams); with --step-ms, about 20 s at one stream)",
+    )
+    overhead.add_argument("--model", help="model folder (default: the tiny test model, built once in the cache)")
+    overhead.add_argument(
+        "--step-ms",
+        dest="step_ms",
+        type=float,
+        default=0.0,
+        help="null engine step time (0: zero cost; e.g. 10: one token per stream every 10 ms, like a real engine)",
+    )
+    overhead.add_argument(
+        "--policy", default="tailcut", choices=["tailcut", "fifo", "vllm-priority"], help="the worker's scheduler"
+    )
+    overhead.add_argument("--timeout-s", dest="timeout_s", type=float, default=300.0, help="limit of each level")
+    overhead.add_argument(
+        "--no-client-ceiling",
+        dest="client_ceiling",
+        action="store_false",
+        help="skip measuring the client against a canned SSE server",
+    )
+    overhead.add_argument("--out", help="folder for overhead.json, the plot and the processes' logs")
+    overhead.set_defaults(func=cmd_overhead)
+
+
+def cmd_overhead(args: argparse.Namespace) -> None:
+    from bench import overhead
+
+    overhead.command(args)
+
+
+def _add_vs_vllm_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    vs_vllm = bench_sub.add_parser(
+        "vs-vllm",
+        help="LIVE: tailcut in front of vLLM against vLLM's own OpenAI server, same engine options and load",
+        description="Runs tailcut (private Redis, API, one vLLM worker) and then vLLM's own OpenAI server with the "
+        "engine options tailcut's worker uses, one at a time, under the same closed-loop load: TTFT at "
+        "concurrency 1 and output tokens/s at concurrency 16.",
+    )
+    vs_vllm.add_argument("--model", default="smollm2", help="model folder or `smollm2` (default, embedded)")
+    vs_vllm.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, default=32, help="prompt tokens")
+    vs_vllm.add_argument("--tokens", type=int, default=32, help="output tokens per request (ignore_eos)")
+    vs_vllm.add_argument("--requests-c1", dest="requests_c1", type=int, default=30, help="requests at concurrency 1")
+    vs_vllm.add_argument("--concurrency", type=int, default=16, help="the throughput level")
+    vs_vllm.add_argument(
+        "--requests-cn", dest="requests_cn", type=int, default=64, help="requests at the throughput level"
+    )
+    vs_vllm.add_argument("--max-model-len", dest="max_model_len", type=int, default=2048, help="for both servers")
+    vs_vllm.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds of both systems, in alternating order (A B, B A): the figures pool the rounds",
+    )
+    vs_vllm.add_argument("--only", choices=["tailcut", "vllm"], help="run one side only (no comparison; for debugging)")
+    vs_vllm.add_argument("--start-timeout-s", dest="start_timeout_s", type=float, default=300.0)
+    vs_vllm.add_argument("--timeout-s", dest="timeout_s", type=float, default=300.0, help="limit of each level")
+    vs_vllm.add_argument("--out", help="folder for vs_vllm.json, the plot and the servers' logs")
+    vs_vllm.set_defaults(func=cmd_vs_vllm)
+
+
+def cmd_vs_vllm(args: argparse.Namespace) -> None:
+    from bench import vs_vllm
+
+    vs_vllm.command(args)
+
+
+def _add_live_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    live = bench_sub.add_parser(
+        "live",
+        help="SIMULATOR in real time: fifo and tailcut through the real pipeline vs the virtual clock, same trace",
+        description="Runs the seeded Poisson trace at LOAD x fifo capacity through the real pipeline (private "
+        "Redis, API, one worker with the sim engine stepping in real time, TIME_SCALE real seconds per simulated "
+        "second), one policy at a time, and on the virtual clock; compares the ratios tailcut / fifo of both. "
+        "No model runs: step times come from a published GPU cost model.",
+    )
+    live.add_argument("--workload", default="seed-mix", help="shipped workload name or a .json path")
+    live.add_argument(
+        "--cost-model", dest="cost_model", default="h100-llama3-8b", help="step-time cost model (or a100-llama3-8b)"
+    )
+    live.add_argument("--load", type=float, default=0.9, help="share of fifo capacity")
+    live.add_argument("--duration", type=float, default=20.0, help="simulated seconds of arrivals")
+    live.add_argument(
+        "--time-scale",
+        dest="time_scale",
+        type=float,
+        default=8.0,
+        help="real seconds per simulated second (8: two shared cores keep the schedule at 90%% load)",
+    )
+    live.add_argument("--seed", type=int, default=0, help="trace seed (same seed, same requests)")
+    live.add_argument("--policies", default="fifo,tailcut", help="comma-separated: fifo, tailcut")
+    live.add_argument("--model", help="model folder whose tokenizer the API uses (default: build the tiny one)")
+    live.add_argument("--out", help="folder for live.json, the CDF plots and the processes' logs")
+    live.set_defaults(func=cmd_live)
+
+
+def cmd_live(args: argparse.Namespace) -> None:
+    from bench import live
+
+    live.command(args)

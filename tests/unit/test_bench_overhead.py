@@ -1,0 +1,342 @@
+"""``tailcut bench overhead`` and ``tailcut bench vs-vllm``: the pure parts (fixed workload, record
+reduction, targets, the raw client's chunk counting, vLLM's server command), then one real run of the
+overhead command as a subprocess (a private redis-server, the API and a null-engine worker).
+
+No test here runs vLLM: the vs-vllm comparison is checked through its argument and command construction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench import overhead, vs_vllm
+from bench.client import Timeline
+from bench.overhead import (
+    LevelResult,
+    canned_frames,
+    check_targets,
+    chunk_times_s,
+    fixed_requests,
+    fixed_workload,
+    num_chunks,
+    parse_streams,
+    raw_send,
+    steady_chunk_rate,
+    summarize_level,
+)
+from bench.stats import RequestRecord, Status
+from bench.workloads import Arrival
+from tailcut.errors import FatalError
+
+ROOT = Path(__file__).parents[2]
+
+
+def record(
+    index: int,
+    *,
+    sent_s: float = 0.0,
+    ttft_ms: float | None = 10.0,
+    gaps_ms: list[float] | None = None,
+    output_tokens: int = 4,
+    status: Status = "ok",
+    error: str | None = None,
+) -> RequestRecord:
+    gaps = [1.0, 2.0, 3.0] if gaps_ms is None else gaps_ms
+    e2e_ms = None if ttft_ms is None else ttft_ms + sum(gaps)
+    return RequestRecord(
+        index=index,
+        tier="normal",
+        bucket="short",
+        tenant="default",
+        prompt_tokens=16,
+        output_tokens=output_tokens,
+        sent_s=sent_s,
+        ttft_ms=ttft_ms,
+        e2e_ms=e2e_ms,
+        tpot_ms=None,
+        gaps_ms=gaps,
+        status=status,
+        error=error,
+    )
+
+
+# --- the workload and the records (pure) ---
+
+
+def test_fixed_workload_gives_requests_of_exactly_the_asked_lengths() -> None:
+    workload = fixed_workload(16, 64)
+    requests = fixed_requests(workload, 50)
+
+    assert [mix.tier for mix in workload.tiers] == ["normal"]
+    assert len(requests) == 50 and [arrival.index for arrival in requests] == list(range(50))
+    assert {(arrival.prompt_tokens, arrival.output_tokens, arrival.tier) for arrival in requests} == {
+        (16, 64, "normal")
+    }
+    assert fixed_requests(workload, 50) == requests  # the same requests for every system and every run
+
+
+def test_parse_streams_sorts_and_rejects_nonsense() -> None:
+    assert parse_streams("1,50,200") == [1, 50, 200]
+    assert parse_streams("200, 1,1,") == [1, 200]
+    for bad in ("", "0,5", "1,x", "-3"):
+        with pytest.raises(FatalError):
+            parse_streams(bad)
+    assert overhead.default_num_requests(1) == 200 and overhead.default_num_requests(200) == 1000
+    # 64 tokens at 10 ms per step: 0.64 s per request, so about 20 s at one stream.
+    assert overhead.default_num_requests(1, request_s=0.64) == 31
+    assert overhead.default_num_requests(200, request_s=0.64) == 1000
+
+
+def test_chunk_times_and_counts_come_from_ttft_and_gaps() -> None:
+    first = record(0, sent_s=1.0, ttft_ms=100.0, gaps_ms=[10.0, 0.0, 20.0])
+    assert chunk_times_s(first) == pytest.approx([1.1, 1.11, 1.11, 1.13])
+    assert chunk_times_s(record(1, ttft_ms=None, gaps_ms=[])) == []
+    failed = record(2, status="error", error="timeout")
+    # A failed request's chunks are not throughput.
+    assert num_chunks([first, failed, record(3, gaps_ms=[])]) == 4 + 1
+
+
+def test_steady_chunk_rate_leaves_the_ramp_out() -> None:
+    # 1,000 chunks 1 ms apart (1,000/s), then a straggler 5 s later: the overall rate would be ~170/s.
+    records = [record(index, sent_s=index / 1000, ttft_ms=0.0, gaps_ms=[]) for index in range(1000)]
+    records.append(record(1000, sent_s=6.0, ttft_ms=0.0, gaps_ms=[]))
+    assert steady_chunk_rate(records) == pytest.approx(1000.0, rel=0.01)
+    assert steady_chunk_rate(records[:2]) is None  # too few chunks to tell
+
+
+def test_summarize_level_counts_outcomes_lengths_rates_and_cpu() -> None:
+    records = [
+        record(0, gaps_ms=[1.0, 1.0, 1.0]),
+        record(1, gaps_ms=[2.0, 2.0, 2.0]),
+        record(2, output_tokens=3, gaps_ms=[1.0, 1.0]),  # one token short: a wrong length
+        record(3, ttft_ms=None, gaps_ms=[], output_tokens=0, status="error", error="timeout"),
+        record(4, ttft_ms=None, gaps_ms=[], output_tokens=0, status="rejected", error="HTTP 429: full"),
+    ]
+    cpu_s = {"api": 0.5, "worker": 0.25, overhead.MACHINE: 1.5}
+    level = summarize_level(8, records, 2.0, expected_tokens=4, cpu_s=cpu_s, client="raw")
+
+    assert (level.streams, level.num_requests, level.num_ok, level.num_errors) == (8, 5, 3, 2)
+    assert level.num_wrong_length == 1 and level.client == "raw"
+    assert level.num_chunks == 4 + 4 + 3 and level.chunks_per_s == pytest.approx(11 / 2.0)
+    assert level.errors == {"timeout": 1, "HTTP 429: full": 1}
+    assert level.ttft_ms is not None and level.ttft_ms.count == 3
+    assert level.gap_ms is not None and level.gap_ms.count == 8
+    assert level.cpu_share("api") == pytest.approx(0.25)
+    assert level.cpu_us_per_chunk("worker") == pytest.approx(0.25 / 11 * 1e6)
+    assert level.others_cpu_share == pytest.approx((1.5 - 0.75) / 2.0)
+    assert overhead.api_bound_chunks_per_s(level) == pytest.approx(11 / 0.5)
+    data = level.as_dict()
+    assert data["cpu_share"]["api"] == pytest.approx(0.25) and data["others_cpu_share"] == pytest.approx(0.375)
+
+
+def test_targets_are_checked_per_client() -> None:
+    def level(streams: int, client: overhead.ClientKind, ttft_ms: float, spacing_s: float) -> LevelResult:
+        # 50 requests of 64 chunks, each all at once, ``spacing_s`` apart: about 64 / spacing_s chunks/s.
+        records = [
+            record(index, sent_s=index * spacing_s, ttft_ms=ttft_ms, gaps_ms=[0.0] * 63, output_tokens=64)
+            for index in range(50)
+        ]
+        return summarize_level(streams, records, 1.0, expected_tokens=64, client=client)
+
+    levels = [level(1, "httpx", 3.0, 0.01), level(200, "httpx", 50.0, 0.01), level(1, "raw", 1.0, 0.01)]
+    levels.append(level(200, "raw", 20.0, 0.001))
+    checks = {check.name: check for check in check_targets(levels)}
+
+    assert not checks["P50 TTFT at 1 stream (ms), httpx client"].met
+    assert checks["P50 TTFT at 1 stream (ms), raw client"].met
+    assert checks["P50 TTFT at 1 stream (ms), raw client"].value == pytest.approx(1.0)
+    assert not checks["chunks/s at 200 streams (steady), httpx client"].met
+    assert checks["chunks/s at 200 streams (steady), raw client"].met
+    # With engine steps the first token waits for a step: no TTFT target.
+    stepped = [check.name for check in check_targets(levels, step_ms=10.0)]
+    assert stepped == ["chunks/s at 200 streams (steady), httpx client", "chunks/s at 200 streams (steady), raw client"]
+
+
+def test_cpu_accounting_reads_proc() -> None:
+    own = overhead.cpu_seconds(os.getpid())
+    assert own is not None and own > 0
+    assert overhead.cpu_seconds(2**22 + 12345) is None  # no such process
+    busy = overhead.machine_busy_seconds()
+    assert busy is not None and busy >= own
+    snapshot = overhead.cpu_snapshot({"me": os.getpid()})
+    assert set(snapshot) == {"me", overhead.MACHINE}
+    assert overhead.cpu_delta({"a": 1.0, "b": 2.0}, {"a": 1.5}) == {"a": 0.5}
+
+
+# --- the raw client (pure: a stream reader fed by hand) ---
+
+
+def chunked_reply(num_chunks: int) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    body = b"".join(f"{len(frame):x}\r\n".encode() + frame + b"\r\n" for frame in canned_frames(num_chunks))
+    return head + body + b"0\r\n\r\n"
+
+
+class FakeWriter:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.sent.append(data)
+
+
+@pytest.mark.parametrize("piece_bytes", [1, 7, 19, 20, 21, 64, 1 << 16])
+async def test_raw_client_counts_every_content_chunk_however_the_reply_is_split(piece_bytes: int) -> None:
+    reply = chunked_reply(5)
+    reader = asyncio.StreamReader()
+    writer = FakeWriter()
+    timeline = Timeline(0.0)
+
+    async def feed() -> None:
+        for start in range(0, len(reply), piece_bytes):
+            reader.feed_data(reply[start : start + piece_bytes])
+            await asyncio.sleep(0)
+
+    feeding = asyncio.create_task(feed())
+    count = await raw_send(reader, writer, b"POST / HTTP/1.1\r\n\r\n", timeline)  # type: ignore[arg-type]
+    await feeding
+
+    assert count == 5 and len(timeline.content_s) == 5 and timeline.final_s is not None
+    assert writer.sent == [b"POST / HTTP/1.1\r\n\r\n"]
+    reader.feed_eof()
+    assert await reader.read() == b""  # the whole reply was read, and nothing past it
+
+
+async def test_raw_client_reports_a_refusal_and_an_early_close() -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 2\r\n\r\n{}")
+    with pytest.raises(overhead.RawReplyError, match="429"):
+        await raw_send(reader, FakeWriter(), b"", Timeline(0.0))  # type: ignore[arg-type]
+    reader = asyncio.StreamReader()
+    reader.feed_data(chunked_reply(3)[:200])
+    reader.feed_eof()
+    with pytest.raises(overhead.RawReplyError, match="closed"):
+        await raw_send(reader, FakeWriter(), b"", Timeline(0.0))  # type: ignore[arg-type]
+
+
+def test_raw_request_carries_the_body_and_the_tier() -> None:
+    arrival = Arrival(index=0, at_s=0.0, tier="realtime", tenant="acme", prompt_tokens=3, output_tokens=2)
+    request = overhead.raw_request("127.0.0.1:9", b'{"a":1}', arrival)
+    head, _, body = request.partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/completions HTTP/1.1\r\n") and body == b'{"a":1}'
+    assert b"content-length: 7" in head and b"X-Tailcut-Tier: realtime" in head
+
+
+# --- vs-vllm: the server command and the comparison (pure) ---
+
+
+def test_vllm_server_command_mirrors_the_worker_engine_args(tmp_path: Path) -> None:
+    args = vs_vllm.shared_engine_args(tmp_path, on_cpu=True, max_model_len=2048)
+    command = vs_vllm.vllm_server_command("/py", args, port=8123, served_name="tiny")
+
+    assert command[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+
+    def value(flag: str) -> str:
+        return command[command.index(flag) + 1]
+
+    assert value("--model") == str(tmp_path)
+    assert value("--block-size") == "32" and value("--dtype") == "float32"
+    assert value("--kv-cache-memory-bytes") == str(512 * 1024 * 1024) and value("--max-model-len") == "2048"
+    assert value("--scheduling-policy") == "priority" and value("--max-num-seqs") == str(args["max_num_seqs"])
+    assert "--enforce-eager" in command and "--enable-prefix-caching" in command
+    assert value("--port") == "8123" and value("--served-model-name") == "tiny"
+    assert "--quantization" not in command  # None: vLLM's default
+    assert "--disable-uvicorn-access-log" in command
+
+
+def test_engine_flags_spell_booleans_and_skip_none() -> None:
+    flags = vs_vllm.engine_flags({"enforce_eager": False, "block_size": 32, "quantization": None, "x_y": "z"})
+    assert flags == ["--no-enforce-eager", "--block-size", "32", "--x-y", "z"]
+
+
+def test_tailcut_side_gets_the_same_engine_settings() -> None:
+    env, worker_env = vs_vllm.tailcut_env(on_cpu=True, max_model_len=1024)
+    assert env["TAILCUT_MAX_MODEL_LEN"] == "1024" and env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert worker_env == {"TAILCUT_ENGINE__KIND": "vllm", "TAILCUT_ENGINE__DEVICE": "cpu"}
+
+
+def test_comparison_is_tailcut_minus_vllm_and_a_throughput_ratio() -> None:
+    def level(concurrency: int, ttft_ms: float, tokens_per_s: float) -> vs_vllm.Level:
+        records = [record(index, ttft_ms=ttft_ms, output_tokens=4) for index in range(10)]
+        return vs_vllm.Level(summarize_level(concurrency, records, 1.0, expected_tokens=4), tokens_per_s, records)
+
+    ours = vs_vllm.SystemRun("tailcut", 20.0, [level(1, 52.0, 19.0), level(16, 400.0, 150.0)])
+    theirs = vs_vllm.SystemRun("vllm", 40.0, [level(1, 50.5, 20.0), level(16, 390.0, 160.0)])
+    comparison = vs_vllm.compare(ours, theirs, concurrency=16)
+
+    assert comparison.ttft_p50_overhead_ms == pytest.approx(1.5)
+    assert comparison.throughput_ratio == pytest.approx(150 / 160)
+    checks = vs_vllm.check_targets(comparison)
+    assert [check.met for check in checks] == [True, True]
+    slower = vs_vllm.compare(ours, vs_vllm.SystemRun("vllm", 40.0, [level(16, 390.0, 200.0)]), concurrency=16)
+    assert slower.ttft_p50_overhead_ms is None and [check.met for check in vs_vllm.check_targets(slower)] == [
+        False,
+        False,
+    ]
+
+
+# --- one real run ---
+
+
+@pytest.mark.timeout(90)
+def test_overhead_command_measures_a_real_stack(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "tailcut", "bench", "overhead", "--streams", "1,4", "--requests-per-level"]
+    command += ["12", "--tokens", "8", "--model", str(tiny_model), "--out", str(out)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=80)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    report = orjson.loads((out / "overhead.json").read_bytes())
+    assert report["output_tokens"] == 8 and report["model"] == "tiny"
+    levels = report["levels"]
+    assert [(level["client"], level["streams"]) for level in levels] == [
+        ("httpx", 1),
+        ("httpx", 4),
+        ("raw", 1),
+        ("raw", 4),
+    ]
+    for level in levels:
+        assert level["num_requests"] == level["num_ok"] == 12, level["errors"]
+        assert level["num_wrong_length"] == 0 and level["num_chunks"] == 12 * 8
+        assert level["ttft_ms"]["count"] == 12 and level["ttft_ms"]["p50"] > 0
+        assert level["e2e_ms"]["p99"] >= level["ttft_ms"]["p99"]
+        assert level["chunks_per_s"] > 0
+        assert {"api", "worker", "redis", "client", overhead.MACHINE} <= set(level["cpu_s"])
+    assert [ceiling["client"] for ceiling in report["client_ceilings"]] == ["httpx", "raw"]
+    assert all(ceiling["num_ok"] == 12 for ceiling in report["client_ceilings"])
+    assert {check["name"] for check in report["targets"]} >= {
+        "P50 TTFT at 1 stream (ms), httpx client",
+        "chunks/s at 4 streams (steady), raw client",
+    }
+    assert (out / "overhead_latency.png").stat().st_size > 0
+    assert {"api.log", "worker.log"} <= {path.name for path in (out / "logs").iterdir()}
+    assert "targets" in result.stdout
+
+
+def test_rounds_alternate_and_pool_into_one_run_per_system() -> None:
+    assert vs_vllm.round_orders(["tailcut", "vllm"], 3) == [
+        ["tailcut", "vllm"],
+        ["vllm", "tailcut"],
+        ["tailcut", "vllm"],
+    ]
+
+    def run(round_index: int, ttft_ms: float, duration_s: float) -> vs_vllm.SystemRun:
+        records = [record(index, ttft_ms=ttft_ms, output_tokens=4) for index in range(10)]
+        result = summarize_level(16, records, duration_s, expected_tokens=4, cpu_s={"api": 1.0})
+        level = vs_vllm.Level(result, 40 / duration_s, records)
+        return vs_vllm.SystemRun("tailcut", 10.0 + round_index, [level], round=round_index)
+
+    pooled = vs_vllm.pool([run(0, 10.0, 1.0), run(1, 30.0, 3.0)], expected_tokens=4)
+    level = pooled.level(16)
+    assert pooled.round == -1 and pooled.start_s == pytest.approx(10.5) and level is not None
+    assert level.result.num_requests == 20 and level.result.duration_s == pytest.approx(4.0)
+    assert level.output_tokens_per_s == pytest.approx(80 / 4.0)  # total tokens over total time
+    assert level.result.cpu_s == {"api": 2.0}
+    assert level.result.ttft_ms is not None and level.result.ttft_ms.p50 == pytest.approx(20.0)
