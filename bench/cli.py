@@ -171,17 +171,10 @@ def cmd_policies(args: argparse.Namespace) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from bench import policies
-    from bench.workloads import WorkloadError, load_workload
+    from bench.workloads import workload_and_cost
     from tailcut.errors import FatalError
-    from workers.engines.costmodel import PROFILES
 
-    try:
-        workload = load_workload(args.workload)
-    except WorkloadError as exc:
-        raise FatalError(str(exc)) from exc
-    cost = PROFILES.get(args.cost_model)
-    if cost is None:
-        raise FatalError(f"unknown cost model {args.cost_model!r}; use one of {', '.join(PROFILES)}")
+    workload, cost = workload_and_cost(args.workload, args.cost_model)
     try:
         loads = tuple(float(value) for value in args.loads.split(","))
     except ValueError as exc:

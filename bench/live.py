@@ -816,18 +816,11 @@ def command(args: Any) -> None:
     """``tailcut bench live`` (arguments from ``bench.cli``)."""
     import tempfile
 
-    from bench.workloads import WorkloadError, load_workload
+    from bench.workloads import workload_and_cost
     from tailcut.errors import FatalError
     from tailcut.models import build_tiny
-    from workers.engines.costmodel import PROFILES
 
-    try:
-        workload = load_workload(args.workload)
-    except WorkloadError as exc:
-        raise FatalError(str(exc)) from exc
-    cost = PROFILES.get(args.cost_model)
-    if cost is None:
-        raise FatalError(f"unknown cost model {args.cost_model!r}; use one of {', '.join(PROFILES)}")
+    workload, cost = workload_and_cost(args.workload, args.cost_model)
     names = tuple(name.strip() for name in args.policies.split(",") if name.strip())
     if not names or any(name not in LIVE_POLICIES for name in names) or len(set(names)) != len(names):
         raise FatalError(f"--policies must name some of {', '.join(LIVE_POLICIES)} once each, got {args.policies!r}")

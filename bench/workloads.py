@@ -16,6 +16,8 @@ import numpy as np
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from queues.keys import Tier
+from tailcut.errors import FatalError
+from workers.engines.costmodel import PROFILES, CostModel
 
 WORKLOADS_DIR = Path(__file__).with_name("workloads")
 
@@ -95,6 +97,18 @@ class Workload(BaseModel):
 
 class WorkloadError(ValueError):
     """A workload name that is not shipped, or a file that does not describe a workload."""
+
+
+def workload_and_cost(name_or_path: str, cost_model: str) -> tuple[Workload, CostModel]:
+    """A command's ``--workload`` and ``--cost-model``, or the error that says what to give instead."""
+    try:
+        workload = load_workload(name_or_path)
+    except WorkloadError as exc:
+        raise FatalError(str(exc)) from exc
+    cost = PROFILES.get(cost_model)
+    if cost is None:
+        raise FatalError(f"unknown cost model {cost_model!r}; use one of {', '.join(PROFILES)}")
+    return workload, cost
 
 
 def shipped_workloads() -> list[str]:
