@@ -12,6 +12,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from bench import policies as policies_module
+    from bench.stats import TargetCheck
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -243,9 +244,7 @@ def cmd_policies(args: argparse.Namespace) -> None:
         console.print(f"wrote {out / 'results.json'} and the plots in {out}")
 
 
-def _print_policies(
-    console: Console, report: policies_module.PoliciesReport, checks: list[policies_module.TargetCheck]
-) -> None:
+def _print_policies(console: Console, report: policies_module.PoliciesReport, checks: list[TargetCheck]) -> None:
     console.print(
         f"workload {report.workload.name}, seed {report.seed}, {report.duration_s:g} virtual s per run; "
         f"fifo capacity {report.capacity_rps:.1f} req/s; {len(report.results) + len(report.kv_results)} runs "
@@ -307,7 +306,12 @@ def _print_policies(
     for column in ("target", "measured", "wanted", ""):
         targets.add_column(column, justify="left" if column == "target" else "right")
     for check in checks:
-        targets.add_row(check.name, f"{check.value:.3f}", check.target, "met" if check.met else "[red]missed[/red]")
+        targets.add_row(
+            check.name,
+            "-" if check.value is None else f"{check.value:.3f}",
+            check.target,
+            "met" if check.met else "[red]missed[/red]",
+        )
     console.print(targets)
 
 

@@ -818,7 +818,8 @@ def command(args: Any) -> None:
 
     from bench.workloads import workload_and_cost
     from tailcut.errors import FatalError
-    from tailcut.models import build_tiny
+    from tailcut.models import prepare_tiny
+    from tailcut.settings import CommonSettings
 
     workload, cost = workload_and_cost(args.workload, args.cost_model)
     names = tuple(name.strip() for name in args.policies.split(",") if name.strip())
@@ -828,27 +829,22 @@ def command(args: Any) -> None:
     if args.load <= 0 or args.duration <= 0 or args.time_scale <= 0:
         raise FatalError("--load, --duration and --time-scale must be positive")
     console = Console(width=None if sys.stdout.isatty() else 160)
-    with contextlib.ExitStack() as stack:
-        if args.model:
-            model_dir = Path(args.model)
-        else:
-            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tailcut-live-model-")))
-            with console.status("building the tiny model (its tokenizer serves the API; no model runs)"):
-                model_dir = build_tiny(folder / "tiny")
-        log_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tailcut-live-logs-"))
-        setup = LiveSetup(
-            workload=workload,
-            cost=cost,
-            load=args.load,
-            duration_s=args.duration,
-            time_scale=args.time_scale,
-            seed=args.seed,
-            policies=policies,
-            model_dir=model_dir,
-            log_dir=log_dir,
-            show_progress=True,
-        )
-        report = run(setup, on_status=console.log)
+    # The tiny model's tokenizer serves the API; no model runs.
+    model_dir = Path(args.model) if args.model else prepare_tiny(CommonSettings().cache_dir, console.log)
+    log_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tailcut-live-logs-"))
+    setup = LiveSetup(
+        workload=workload,
+        cost=cost,
+        load=args.load,
+        duration_s=args.duration,
+        time_scale=args.time_scale,
+        seed=args.seed,
+        policies=policies,
+        model_dir=model_dir,
+        log_dir=log_dir,
+        show_progress=True,
+    )
+    report = run(setup, on_status=console.log)
     print_report(console, report)
     console.print(f"worker and API logs in {log_dir}")
     if args.out:

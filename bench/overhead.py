@@ -43,7 +43,7 @@ import redis
 
 from bench import loadgen
 from bench.client import TENANT_HEADER, TIER_HEADER, Timeline, completion_body
-from bench.stats import RequestRecord, Summary, summarize
+from bench.stats import RequestRecord, Summary, TargetCheck, summarize
 from bench.workloads import Arrival, TierMix, Workload
 from queues.keys import Tier
 from tailcut.errors import FatalError
@@ -67,7 +67,6 @@ LOG_TAIL_LINES = 30
 ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(?:Error|Exception): ")
 MACHINE = "machine"  # the key of the whole machine's busy CPU seconds in ``LevelResult.cpu_s``
 BUSY_MACHINE_SHARE = 0.3  # CPU outside the benchmark above this share of a core: the level's figures are suspect
-TINY_MODEL_DIR_NAME = "tiny"
 
 Progress = Callable[[str], None]
 # `httpx`: bench.client, the client of every other benchmark (parses each event, about 100 µs of CPU per
@@ -224,14 +223,6 @@ def summarize_level(
         errors=dict(errors.most_common(5)),
         client=client,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class TargetCheck:
-    name: str
-    value: float | None
-    target: str
-    met: bool
 
 
 def check_targets(levels: Sequence[LevelResult], *, step_ms: float = 0.0) -> list[TargetCheck]:
@@ -510,24 +501,6 @@ def log_folder(out: str | None, prefix: str) -> Iterator[Path]:
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def tiny_model_dir(cache_dir: Path, progress: Progress | None = None) -> Path:
-    """The tiny test model in ``cache_dir/models/tiny``, built once (about 10 s). The ``null`` engine runs
-    no model; the API and the worker still read its tokenizer and config."""
-    from tailcut.models import build_tiny
-
-    target = cache_dir / "models" / TINY_MODEL_DIR_NAME
-    if (target / "config.json").is_file():
-        return target
-    if progress is not None:
-        progress(f"building the tiny test model into {target} (once, about 10 s)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
-        staging = build_tiny(Path(tmp) / TINY_MODEL_DIR_NAME)
-        with contextlib.suppress(OSError):  # another process may have won the race: theirs is as good
-            staging.rename(target)
-    return target
 
 
 # --- a lightweight client, and the clients' own ceilings ----------------------------------------------
@@ -1059,7 +1032,7 @@ def command(args: Any) -> None:
     """``tailcut bench overhead`` (``args`` from ``bench.cli``)."""
     from rich.console import Console
 
-    from tailcut.models import resolve_model
+    from tailcut.models import prepare_tiny, resolve_model
     from tailcut.settings import CommonSettings
 
     streams = parse_streams(args.streams)
@@ -1075,7 +1048,7 @@ def command(args: Any) -> None:
     if args.model:
         model_dir = resolve_model(args.model, settings.cache_dir, progress=status_console.log)
     else:
-        model_dir = tiny_model_dir(settings.cache_dir, progress=status_console.log)
+        model_dir = prepare_tiny(settings.cache_dir, progress=status_console.log)
     with log_folder(args.out, "tailcut-overhead-") as log_dir:
         report = run(
             model_dir=model_dir,

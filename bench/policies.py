@@ -20,7 +20,7 @@ from typing import Any
 from api.shedding import ShedLimits
 from bench.simrun import SIMULATOR_NOTE, SimConfig, SimPolicyName, SimRun, fifo_capacity_rps, simulate
 from bench.simrun import floor_e2e_ms as floor_of
-from bench.stats import RequestRecord, Status, Summary, attainment, summarize, tpot_ms
+from bench.stats import RequestRecord, Status, Summary, TargetCheck, attainment, summarize, tpot_ms
 from bench.workloads import Workload, poisson_trace
 from queues.keys import Tier
 from workers.budget import BudgetConfig
@@ -277,14 +277,6 @@ def run(
 
 
 # --- targets (WORKLOADS.md) ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TargetCheck:
-    name: str
-    value: float
-    target: str
-    met: bool
 
 
 def check_targets(report: PoliciesReport) -> list[TargetCheck]:

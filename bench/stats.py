@@ -43,6 +43,17 @@ class RequestRecord:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TargetCheck:
+    """One benchmark target: the measured value (``None`` when it could not be measured), what was
+    wanted, and whether it was met."""
+
+    name: str
+    value: float | None
+    target: str
+    met: bool
+
+
 def tpot_ms(*, ttft_ms: float, e2e_ms: float, output_tokens: int) -> float | None:
     """Time per output token after the first; undefined for replies of fewer than two tokens."""
     if output_tokens < 2:

