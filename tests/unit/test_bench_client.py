@@ -41,6 +41,14 @@ TINY_WORKLOAD = {
 }
 
 
+async def sleep_at_least(seconds: float) -> None:
+    """``asyncio.sleep`` may wake up to a clock tick early; the fixture's delays are lower bounds the
+    tests rely on."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(left)
+
+
 def arrival(
     index: int, *, tenant: str = "acme", tier: Tier = "realtime", output: int = 4, at_s: float = 0.0
 ) -> Arrival:
@@ -130,10 +138,10 @@ def fake_openai_app(received: list[tuple[dict[str, str], dict[str, Any]]]) -> Fa
                 return sse({"id": "cmpl-1", "object": "text_completion", "model": MODEL, "choices": [choice]})
 
             yield chunk("")  # no content: must not count as the first token
-            await asyncio.sleep(30 if tenant == "slow" else FIRST_SLEEP_S)
+            await sleep_at_least(30 if tenant == "slow" else FIRST_SLEEP_S)
             for position in range(body["max_tokens"]):
                 if position:
-                    await asyncio.sleep(GAP_S)
+                    await sleep_at_least(GAP_S)
                 yield chunk(f" w{position}")
                 if tenant == "midway":  # the engine failed after one token
                     yield sse(error_body("the engine stopped", "service_unavailable"))
