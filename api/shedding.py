@@ -122,4 +122,5 @@ class Backlog:
                 # Keep the last figures; Redis errors reach clients as 503s on enqueue anyway.
                 log_event(log, "backlog_probe_failed", logging.WARNING, error=str(exc))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=self._interval_s)
+                async with asyncio.timeout(self._interval_s):
+                    await self._stopping.wait()

@@ -53,7 +53,10 @@ class ReplyStream:
         poll_s = FIRST_POLL_S
         while True:
             try:
-                first = await asyncio.wait_for(self._inbox.get(), timeout=poll_s)
+                # Not asyncio.wait_for: on Python 3.11 it drops a cancellation that arrives together
+                # with an event, and the consumer would read on to the end of the reply.
+                async with asyncio.timeout(poll_s):
+                    first = await self._inbox.get()
             except TimeoutError:
                 first = None
                 poll_s = min(poll_s * 2, self._router.poll_max_s)
@@ -112,7 +115,8 @@ class ReplyRouter:
         """Subscribe (in the background, reconnecting forever); wait up to ``wait_s`` for the first."""
         self._task = asyncio.create_task(self._listen(), name="reply-router")
         try:
-            await asyncio.wait_for(self._subscribed.wait(), timeout=wait_s)
+            async with asyncio.timeout(wait_s):
+                await self._subscribed.wait()
         except TimeoutError:
             log_event(log, "reply_channel_not_subscribed", logging.WARNING, channel=self.channel)
 

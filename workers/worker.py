@@ -177,7 +177,8 @@ class Worker:
             if not open_streams:
                 self._room.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._room.wait(), timeout=0.5)
+                    async with asyncio.timeout(0.5):
+                        await self._room.wait()
                 continue
             home = [stream for stream in open_streams if self._stream_of[stream][1] in home_buckets]
             foreign = [stream for stream in open_streams if stream not in home]
@@ -240,7 +241,8 @@ class Worker:
     async def _schedule_loop(self) -> None:
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=SCHEDULE_TICK_S)
+                async with asyncio.timeout(SCHEDULE_TICK_S):
+                    await self._wake.wait()
             self._wake.clear()
             if self._stopping.is_set():
                 return
@@ -458,7 +460,8 @@ class Worker:
     async def _pause(self, seconds: float) -> None:
         """Sleep, but wake at once when the worker stops."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
 
     async def _heartbeat(self) -> None:
         while not self._stopping.is_set():

@@ -93,6 +93,30 @@ async def test_a_lost_final_event_is_found_by_polling_the_output_stream(
     await redis.delete(keys.output("req-lost-final"))
 
 
+async def test_a_reader_cancelled_as_an_event_arrives_stops(router: ReplyRouter) -> None:
+    """A job runner cancels its readers while chunks keep arriving: the cancellation must win even
+    when an event lands in the same loop turn (``asyncio.wait_for`` on Python 3.11 returned the
+    event and dropped the cancellation, so an aborted job read on to the end of a long reply)."""
+    stream = router.open("req-cancelled")
+    received: list[OutputEvent] = []
+
+    async def read() -> None:
+        async for event in stream.events():
+            received.append(event)
+
+    reader = asyncio.create_task(read())
+    await asyncio.sleep(0.01)  # the reader waits for its first event
+    events = chunk_events("req-cancelled", 3)
+    stream.deliver(events[0])
+    reader.cancel()
+    await asyncio.wait([reader], timeout=2)
+    stream.close()
+    if not reader.done():
+        reader.cancel()  # a second cancellation reaches it, so the test still ends
+    assert reader.cancelled(), "the reader went on reading after it was cancelled"
+    assert received == []
+
+
 async def test_output_writer_publishes_live_and_refuses_a_second_write_of_a_position(
     redis: aioredis.Redis, router: ReplyRouter
 ) -> None:
