@@ -424,6 +424,13 @@ def _add_vs_vllm_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentP
         default=2,
         help="rounds of both systems, in alternating order (A B, B A): the figures pool the rounds",
     )
+    vs_vllm.add_argument(
+        "--engine-cores",
+        dest="engine_cores",
+        type=int,
+        help="cores for the CPU engine's compute threads on both sides, the rest left to the serving processes "
+        "as on a GPU host (default: every core)",
+    )
     vs_vllm.add_argument("--only", choices=["tailcut", "vllm"], help="run one side only (no comparison; for debugging)")
     vs_vllm.add_argument("--start-timeout-s", dest="start_timeout_s", type=float, default=300.0)
     vs_vllm.add_argument("--timeout-s", dest="timeout_s", type=float, default=300.0, help="limit of each level")

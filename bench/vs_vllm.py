@@ -48,7 +48,8 @@ SYSTEMS = ("tailcut", "vllm")
 TARGET_TTFT_OVERHEAD_P50_MS = 2.0
 TARGET_THROUGHPUT_RATIO = 0.9
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-# Both sides: the CPU backend may use every core; the verified way to run vLLM's server on CPU.
+# Both sides: the verified way to run vLLM's server on CPU; by default the engine's compute threads may
+# use every core (see engine_env).
 VLLM_ENV = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 WARMUP_C1 = 2
 
@@ -104,9 +105,23 @@ def vllm_server_command(python: str, args: Mapping[str, Any], *, port: int, serv
     ]
 
 
-def tailcut_env(*, on_cpu: bool, max_model_len: int) -> tuple[dict[str, str], dict[str, str]]:
+def engine_env(engine_cores: int | None) -> dict[str, str]:
+    """vLLM's environment on both sides. ``engine_cores`` caps the CPU engine's compute threads and leaves
+    the other cores to the serving processes (API, Redis, the worker's event loop), as a GPU host does;
+    ``None`` lets the engine use every core."""
+    if engine_cores is None:
+        return dict(VLLM_ENV)
+    cores = os.cpu_count() or 1
+    if not 1 <= engine_cores < cores:
+        raise FatalError(f"--engine-cores must be from 1 to {cores - 1} on this {cores}-core machine")
+    return {**VLLM_ENV, "VLLM_CPU_NUM_OF_RESERVED_CPU": str(cores - engine_cores)}
+
+
+def tailcut_env(
+    *, on_cpu: bool, max_model_len: int, engine_cores: int | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
     """(environment of the whole tailcut stack, extra environment of its worker)."""
-    env = {**VLLM_ENV, "TAILCUT_MAX_MODEL_LEN": str(max_model_len)}
+    env = {**engine_env(engine_cores), "TAILCUT_MAX_MODEL_LEN": str(max_model_len)}
     worker_env = {"TAILCUT_ENGINE__KIND": "vllm", "TAILCUT_ENGINE__DEVICE": "cpu" if on_cpu else "cuda"}
     return env, worker_env
 
@@ -266,13 +281,14 @@ def vllm_server(
     served_name: str,
     timeout_s: float,
     progress: Progress,
+    engine_cores: int | None = None,
 ) -> Iterator[tuple[str, float, int]]:
     """vLLM's own OpenAI server as a child process; yields (base URL, seconds it took to be ready, its pid,
     which leads its process group)."""
     port = free_port()
     argv = vllm_server_command(sys.executable, args, port=port, served_name=served_name)
     progress("starting vLLM's OpenAI server: " + " ".join(argv[1:]))
-    child = start_child("vllm-server", argv, {**os.environ, **VLLM_ENV}, log_dir)
+    child = start_child("vllm-server", argv, {**os.environ, **engine_env(engine_cores)}, log_dir)
     try:
         url = f"http://127.0.0.1:{port}"
         ready_s = wait_until_ready(
@@ -296,12 +312,14 @@ class VsReport:
     per_round: list[Comparison]
     targets: list[TargetCheck]
     wall_s: float
+    engine_cores: int | None = None  # None: every core
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,
             "model_dir": self.model_dir,
             "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+            "engine_cores": self.engine_cores or os.cpu_count(),
             "engine_args": self.engine_args,
             "vllm_server_command": self.server_command,
             "load": {
@@ -349,6 +367,7 @@ def run(
     log_dir: Path,
     progress: Progress,
     rounds: int = 1,
+    engine_cores: int | None = None,
     on_system: Callable[[SystemRun], None] | None = None,
 ) -> VsReport:
     from tailcut.models import served_name
@@ -373,6 +392,7 @@ def run(
                 start_timeout_s=start_timeout_s,
                 log_dir=log_dir / f"round-{round_index + 1}",
                 progress=progress,
+                engine_cores=engine_cores,
             )
             system_run.round = round_index
             runs.append(system_run)
@@ -400,6 +420,7 @@ def run(
         per_round=per_round,
         targets=check_targets(comparison) if comparison else [],
         wall_s=time.monotonic() - started,
+        engine_cores=engine_cores,
     )
 
 
@@ -415,11 +436,12 @@ def run_system(
     start_timeout_s: float,
     log_dir: Path,
     progress: Progress,
+    engine_cores: int | None = None,
 ) -> SystemRun:
     """Start one system, measure it, stop it."""
     log_dir.mkdir(parents=True, exist_ok=True)
     if system == "tailcut":
-        env, worker_env = tailcut_env(on_cpu=on_cpu, max_model_len=max_model_len)
+        env, worker_env = tailcut_env(on_cpu=on_cpu, max_model_len=max_model_len, engine_cores=engine_cores)
         progress("starting tailcut: a private redis-server, the API and one vLLM worker (loads the model)")
         with tailcut_stack(
             model_dir, log_dir, env=env, worker_env=worker_env, ready_timeout_s=start_timeout_s, progress=progress
@@ -430,11 +452,15 @@ def run_system(
             if "redis" in stack.pids:
                 groups["redis"] = stack.pids["redis"]
             return SystemRun(system, stack.ready_s, measure(stack.url, name, plan, groups, progress))
-    with vllm_server(model_dir, args, log_dir, served_name=name, timeout_s=start_timeout_s, progress=progress) as (
-        url,
-        ready_s,
-        pid,
-    ):
+    with vllm_server(
+        model_dir,
+        args,
+        log_dir,
+        served_name=name,
+        timeout_s=start_timeout_s,
+        progress=progress,
+        engine_cores=engine_cores,
+    ) as (url, ready_s, pid):
         progress(f"vLLM's server ready in {ready_s:.0f} s")
         return SystemRun(system, ready_s, measure(url, name, plan, {"vllm-server": pid}, progress))
 
@@ -496,7 +522,8 @@ def print_report(console: Any, report: VsReport) -> None:
     console.print(
         f"tailcut vs vLLM's own server, model {report.model}, {plan.workload.tiers[0].prompt_tokens[0]} prompt "
         f"tokens, {plan.output_tokens} output tokens (ignore_eos, temperature 0), closed loop; "
-        f"{os.cpu_count()} shared cores; {report.wall_s:.0f} s wall"
+        f"{os.cpu_count()} shared cores, the engine's compute threads on {report.engine_cores or 'all'} of them; "
+        f"{report.wall_s:.0f} s wall"
     )
     console.print("start: " + ", ".join(f"{run.system} {run.start_s:.0f} s" for run in report.runs))
     console.print(results_table([*report.runs, *report.pooled]))
@@ -589,6 +616,7 @@ def command(args: Any) -> None:
         raise FatalError("--requests-c1 and --requests-cn must be at least 1")
     if args.prompt_tokens + args.tokens > args.max_model_len:
         raise FatalError("--prompt-tokens + --tokens must fit in --max-model-len")
+    engine_env(args.engine_cores)  # refuses a core count this machine cannot give
     status_console = Console(stderr=True, highlight=False)
     console = Console(width=None if sys.stdout.isatty() else 160)
     with status_console.status("preparing the model"):
@@ -612,6 +640,7 @@ def command(args: Any) -> None:
             log_dir=log_dir,
             progress=status_console.log,
             rounds=args.rounds,
+            engine_cores=args.engine_cores,
         )
     print_report(console, report)
     if args.out:

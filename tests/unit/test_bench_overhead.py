@@ -262,6 +262,15 @@ def test_tailcut_side_gets_the_same_engine_settings() -> None:
     assert worker_env == {"TAILCUT_ENGINE__KIND": "vllm", "TAILCUT_ENGINE__DEVICE": "cpu"}
 
 
+def test_engine_cores_leave_the_rest_to_the_serving_processes_on_both_sides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vs_vllm.os, "cpu_count", lambda: 4)
+    env, _ = vs_vllm.tailcut_env(on_cpu=True, max_model_len=1024, engine_cores=3)
+    assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1" == vs_vllm.engine_env(3)["VLLM_CPU_NUM_OF_RESERVED_CPU"]
+    for impossible in (0, 4):
+        with pytest.raises(FatalError, match="--engine-cores must be from 1 to 3"):
+            vs_vllm.engine_env(impossible)
+
+
 def test_comparison_is_tailcut_minus_vllm_and_a_throughput_ratio() -> None:
     def level(concurrency: int, ttft_ms: float, tokens_per_s: float) -> vs_vllm.Level:
         records = [record(index, ttft_ms=ttft_ms, output_tokens=4) for index in range(10)]
