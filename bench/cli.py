@@ -397,7 +397,9 @@ def _add_overhead_parser(bench_sub: argparse._SubParsersAction[argparse.Argument
 
 def cmd_overhead(args: argparse.Namespace) -> None:
     from bench import overhead
+    from tailcut.up import interrupt_on_signals
 
+    interrupt_on_signals()  # its servers are stopped, not orphaned
     overhead.command(args)
 
 
@@ -440,7 +442,9 @@ def _add_vs_vllm_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentP
 
 def cmd_vs_vllm(args: argparse.Namespace) -> None:
     from bench import vs_vllm
+    from tailcut.up import interrupt_on_signals
 
+    interrupt_on_signals()  # its servers are stopped, not orphaned
     vs_vllm.command(args)
 
 
@@ -475,5 +479,7 @@ def _add_live_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentPars
 
 def cmd_live(args: argparse.Namespace) -> None:
     from bench import live
+    from tailcut.up import interrupt_on_signals
 
+    interrupt_on_signals()  # its servers are stopped, not orphaned
     live.command(args)

@@ -129,11 +129,16 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def up(*, model: str, port: int, redis_url: str | None, num_workers: int) -> int:
-    # Ctrl-C and SIGTERM both stop the stack in order (SIGINT may arrive ignored when started in
-    # the background, so the handler is installed explicitly).
+def interrupt_on_signals() -> None:
+    """Ctrl-C and SIGTERM both raise ``KeyboardInterrupt``, so a command that started processes stops
+    them on its way out instead of leaving them running. SIGINT may arrive ignored when the command
+    was started in the background, so its handler is installed explicitly."""
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def up(*, model: str, port: int, redis_url: str | None, num_workers: int) -> int:
+    interrupt_on_signals()  # the stack stops in order
     settings = CommonSettings(model=model)
     with console.status("preparing the model"):
         model_dir = resolve_model(settings.model, settings.cache_dir, progress=console.log)

@@ -8,9 +8,11 @@ No test here runs vLLM: the vs-vllm comparison is checked through its argument a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -327,6 +329,52 @@ def test_overhead_command_measures_a_real_stack(tiny_model: Path, tmp_path: Path
     assert (out / "overhead_latency.png").stat().st_size > 0
     assert {"api.log", "worker.log"} <= {path.name for path in (out / "logs").iterdir()}
     assert "targets" in result.stdout
+
+
+def children_of(pid: int) -> set[int]:
+    """Live processes whose parent is ``pid`` (from /proc)."""
+    children = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:  # fields: state, ppid, ...
+                children.add(int(stat.parent.name))
+    return children
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_stops_a_benchmark_and_the_servers_it_started(tiny_model: Path, tmp_path: Path) -> None:
+    """A `timeout` or a CI runner ends a benchmark with SIGTERM: its Redis, API and worker go with it."""
+    command = [sys.executable, "-m", "tailcut", "bench", "overhead", "--streams", "1", "--requests-per-level"]
+    command += ["100000", "--tokens", "8", "--model", str(tiny_model), "--out", str(tmp_path / "out")]
+    children: set[int] = set()
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as bench:
+        try:
+            deadline = time.monotonic() + 60
+            while len(children) < 3 and time.monotonic() < deadline and bench.poll() is None:
+                time.sleep(0.2)
+                children |= children_of(bench.pid)  # redis-server, then the API and the worker
+            assert len(children) >= 3, f"the stack did not start (exit status {bench.poll()})"
+            time.sleep(1.0)  # the load is running
+            bench.terminate()
+            assert bench.wait(timeout=30) == 130
+        finally:
+            if bench.poll() is None:
+                bench.kill()
+    for pid in children:
+        for _ in range(50):
+            if not alive(pid):
+                break
+            time.sleep(0.1)
+        assert not alive(pid), f"child {pid} outlived the benchmark"
 
 
 def test_rounds_alternate_and_pool_into_one_run_per_system() -> None:
