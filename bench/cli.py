@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +15,20 @@ from rich.table import Table
 if TYPE_CHECKING:
     from bench import policies as policies_module
     from bench.stats import TargetCheck
+
+
+def starts_servers(command: Callable[[argparse.Namespace], None]) -> Callable[[argparse.Namespace], None]:
+    """For a benchmark that starts servers: SIGTERM (a `timeout`, a CI runner) stops it like Ctrl-C, so
+    its servers are stopped on the way out, not orphaned."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> None:
+        from tailcut.up import interrupt_on_signals
+
+        interrupt_on_signals()
+        command(args)
+
+    return run
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -395,11 +411,10 @@ def _add_overhead_parser(bench_sub: argparse._SubParsersAction[argparse.Argument
     overhead.set_defaults(func=cmd_overhead)
 
 
+@starts_servers
 def cmd_overhead(args: argparse.Namespace) -> None:
     from bench import overhead
-    from tailcut.up import interrupt_on_signals
 
-    interrupt_on_signals()  # its servers are stopped, not orphaned
     overhead.command(args)
 
 
@@ -440,11 +455,10 @@ def _add_vs_vllm_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentP
     vs_vllm.set_defaults(func=cmd_vs_vllm)
 
 
+@starts_servers
 def cmd_vs_vllm(args: argparse.Namespace) -> None:
     from bench import vs_vllm
-    from tailcut.up import interrupt_on_signals
 
-    interrupt_on_signals()  # its servers are stopped, not orphaned
     vs_vllm.command(args)
 
 
@@ -477,9 +491,8 @@ def _add_live_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentPars
     live.set_defaults(func=cmd_live)
 
 
+@starts_servers
 def cmd_live(args: argparse.Namespace) -> None:
     from bench import live
-    from tailcut.up import interrupt_on_signals
 
-    interrupt_on_signals()  # its servers are stopped, not orphaned
     live.command(args)
