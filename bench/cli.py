@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import orjson
 from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from bench import policies as policies_module
-    from bench.stats import TargetCheck
+# What the `bench` extra installs (pyproject.toml); without it `tailcut bench` says how to install it.
+EXTRA_MODULES = ("httpx", "matplotlib")
 
 
 def starts_servers(command: Callable[[argparse.Namespace], None]) -> Callable[[argparse.Namespace], None]:
@@ -23,7 +22,7 @@ def starts_servers(command: Callable[[argparse.Namespace], None]) -> Callable[[a
 
     @functools.wraps(command)
     def run(args: argparse.Namespace) -> None:
-        from tailcut.up import interrupt_on_signals
+        from tailcut.processes import interrupt_on_signals
 
         interrupt_on_signals()
         command(args)
@@ -32,6 +31,11 @@ def starts_servers(command: Callable[[argparse.Namespace], None]) -> Callable[[a
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``tailcut bench`` sub-commands (entry point ``tailcut.commands: bench``). Raises ImportError
+    when the ``bench`` extra is not installed, so ``tailcut`` answers with how to install it."""
+    missing = [name for name in EXTRA_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ModuleNotFoundError(f"{', '.join(missing)} not installed", name=missing[0])
     bench = sub.add_parser("bench", help="benchmarks (each compares two things in one run)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     predictor = bench_sub.add_parser("predictor", help="output-length predictor: cost per call and error")
@@ -89,75 +93,9 @@ def _add_load_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def cmd_load(args: argparse.Namespace) -> None:
-    import asyncio
-    import sys
-    from collections import Counter
-    from dataclasses import asdict
+    from bench import load
 
-    from bench import client, loadgen, plots, stats
-    from bench.workloads import WorkloadError, load_workload, poisson_trace
-    from tailcut.errors import FatalError
-
-    open_loop = args.rate is not None and (args.duration is None) != (args.num_requests is None)
-    closed_loop = args.concurrency is not None and args.num_requests is not None and args.duration is None
-    if open_loop == closed_loop or (args.rate is not None and args.concurrency is not None):
-        raise FatalError("give --rate R with --duration S or -n N (open loop), or -c C with -n N (closed loop)")
-    try:
-        workload = load_workload(args.workload)
-    except WorkloadError as exc:
-        raise FatalError(str(exc)) from exc
-    model = args.model or asyncio.run(client.fetch_model(args.url))
-    if open_loop:
-        trace = poisson_trace(workload, args.rate, seed=args.seed, duration_s=args.duration, count=args.num_requests)
-        mode = f"open loop, Poisson {args.rate:g} req/s"
-        run = loadgen.run_open_loop(args.url, model, trace, timeout_s=args.timeout_s, show_progress=True)
-    else:
-        trace = loadgen.closed_loop_requests(workload, args.num_requests, seed=args.seed)
-        mode = f"closed loop, {args.concurrency} concurrent"
-        run = loadgen.run_closed_loop(
-            args.url, model, trace, concurrency=args.concurrency, timeout_s=args.timeout_s, show_progress=True
-        )
-    result = asyncio.run(run)
-    slos = {mix.tier: mix.slo for mix in workload.tiers}
-    tier_rows, bucket_rows = stats.report_rows(result.records, slos, result.duration_s)
-    title = f"{workload.name} → {args.url} ({model}), {mode}, {len(trace)} requests in {result.duration_s:.1f} s"
-    console = Console()
-    console.print(title)
-    console.print(*stats.report_tables(tier_rows, "per tier"))
-    console.print(*stats.report_tables(bucket_rows, "per tier × bucket (client-side buckets)"))
-    console.print(
-        f"goodput {stats.goodput_rps(result.records, slos, result.duration_s):.2f} req/s, "
-        f"output {stats.output_tokens_per_s(result.records, result.duration_s):.1f} tok/s"
-    )
-    failures = Counter(record.error for record in result.records if record.error)
-    if failures:
-        console.print("failures: " + ", ".join(f"{count}× {error}" for error, count in failures.most_common(5)))
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        report = {
-            "command": sys.argv,
-            "arguments": {name: value for name, value in vars(args).items() if name != "func"},
-            "workload": workload.name,
-            "url": args.url,
-            "model": model,
-            "label": args.label or args.url,
-            "mode": mode,
-            "seed": args.seed,
-            "timeout_s": args.timeout_s,
-            "prompt_salt": result.prompt_salt,
-            "duration_s": result.duration_s,
-            "tiers": [asdict(row) for row in tier_rows],
-            "buckets": [asdict(row) for row in bucket_rows],
-            "records": [asdict(record) for record in result.records],
-        }
-        (out / "load.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
-        note = f"LIVE: {mode}, {workload.name}, {len(trace)} requests, {args.url}"
-        cdf_metrics: dict[str, stats.Metric] = {"e2e": "e2e_ms", "ttft": "ttft_ms"}
-        for name, metric in cdf_metrics.items():
-            series = {args.label or args.url: stats.by_tier(result.records, metric)}
-            plots.plot_cdf(series, name.upper(), out / f"load_cdf_{name}.png", note=note)
-        console.print(f"wrote {out / 'load.json'} and the CDF plots")
+    load.command(args)
 
 
 def _add_policies_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -187,7 +125,7 @@ def cmd_policies(args: argparse.Namespace) -> None:
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from bench import policies
+    from bench import policies, policies_report
     from bench.workloads import workload_and_cost
     from tailcut.errors import FatalError
 
@@ -231,144 +169,10 @@ def cmd_policies(args: argparse.Namespace) -> None:
             on_done=done,
         )
     checks = policies.check_targets(report)
-    _print_policies(console, report, checks)
+    policies_report.print_report(console, report, checks)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        results = {
-            "simulated": True,
-            "note": note,
-            "command": sys.argv,
-            "cost_model": {
-                "name": cost.name,
-                "base_us": cost.base_us,
-                "prefill_token_us": cost.prefill_token_us,
-                "decode_seq_us": cost.decode_seq_us,
-            },
-            "workload": workload.model_dump(),
-            "seed": args.seed,
-            "duration_s": args.duration,
-            "capacity_rps": report.capacity_rps,
-            "wall_s": report.wall_s,
-            "runs": [row for result in report.results for row in result.rows],
-            "run_stats": [result.run for result in report.results],
-            "kv": [result.run | {"rows": result.rows} for result in report.kv_results],
-            "targets": [{"name": c.name, "value": c.value, "target": c.target, "met": c.met} for c in checks],
-        }
-        (out / "results.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
-        _plot_policies(report, out, note)
-        console.print(f"wrote {out / 'results.json'} and the plots in {out}")
-
-
-def _print_policies(console: Console, report: policies_module.PoliciesReport, checks: list[TargetCheck]) -> None:
-    console.print(
-        f"workload {report.workload.name}, seed {report.seed}, {report.duration_s:g} virtual s per run; "
-        f"fifo capacity {report.capacity_rps:.1f} req/s; {len(report.results) + len(report.kv_results)} runs "
-        f"in {report.wall_s:.0f} s wall"
-    )
-    for tier in ("realtime", "normal"):
-        table = Table(title=f"{tier}: latency beside the floor and the background throughput left (SIMULATOR)")
-        for column in (
-            "policy",
-            "load",
-            "P99 TTFT",
-            "P50 E2E",
-            "P99 E2E",
-            "floor",
-            "E2E/floor",
-            "attain.",
-            "bg tok/s",
-            "offered",
-            "429s",
-        ):
-            table.add_column(column, justify="left" if column == "policy" else "right")
-        for result in report.results:
-            row = next((row for row in result.rows if row["tier"] == tier), None)
-            if row is None:
-                continue
-            background = next(row for row in result.rows if row["tier"] == "background")
-            rejected = sum(r["rejected"] for r in result.rows)
-            table.add_row(
-                row["policy"],
-                f"{row['load']:.0%}",
-                _ms(row["p99_ttft_ms"]),
-                _ms(row["p50_e2e_ms"]),
-                _ms(row["p99_e2e_ms"]),
-                _ms(row["floor_e2e_ms"]),
-                f"{row['p99_e2e_ms'] / row['floor_e2e_ms']:.2f}",
-                f"{row['attainment']:.1%}",
-                f"{background['output_tokens_per_s']:,.0f}",
-                f"{background['offered_tokens_per_s']:,.0f}",
-                str(rejected),
-            )
-        console.print(table)
-    kv = Table(title="KV cache: static reservation vs paged blocks (fifo at 90%, max_tokens = tier cap; SIMULATOR)")
-    for column in ("allocation", "mean use", "peak use", "slots holding KV", "max running", "rt P99 E2E"):
-        kv.add_column(column, justify="left" if column == "allocation" else "right")
-    for result in report.kv_results:
-        stats = result.run
-        realtime = next(row for row in result.rows if row["tier"] == "realtime")
-        name = "static" if stats["kv_allocation"] == "static" else f"paged {stats['block_size']}"
-        kv.add_row(
-            name,
-            f"{stats['kv_mean_usage']:.1%}",
-            f"{stats['kv_peak_usage']:.1%}",
-            f"{stats['kv_filled_share']:.1%}",
-            str(stats["max_running"]),
-            _ms(realtime["p99_e2e_ms"]),
-        )
-    console.print(kv)
-    targets = Table(title="targets (WORKLOADS.md) for tailcut")
-    for column in ("target", "measured", "wanted", ""):
-        targets.add_column(column, justify="left" if column == "target" else "right")
-    for check in checks:
-        targets.add_row(
-            check.name,
-            "-" if check.value is None else f"{check.value:.3f}",
-            check.target,
-            "met" if check.met else "[red]missed[/red]",
-        )
-    console.print(targets)
-
-
-def _plot_policies(report: policies_module.PoliciesReport, out: Path, note: str) -> None:
-    from bench import plots
-
-    at_90 = [result for result in report.results if result.job.load == 0.9]
-    for name, attribute in (("e2e", "e2e_ms"), ("ttft", "ttft_ms")):
-        series = {result.job.variant.label: getattr(result, attribute) for result in at_90}
-        plots.plot_cdf(series, name.upper(), out / f"policies_cdf_{name}_90.png", note=f"90% load; {note}", log_x=True)
-        key = f"p99_{name}_ms"
-        rows = [
-            (row["policy"], row["load"], row[key])
-            for result in report.results
-            if result.job.variant.policy != "static-batch"
-            for row in result.rows
-            if row["tier"] == "realtime"
-        ]
-        floor = None
-        if name == "e2e":
-            floor = {
-                row["load"]: row["floor_e2e_ms"]
-                for result in report.results
-                for row in result.rows
-                if row["tier"] == "realtime"
-            }
-        plots.plot_p99_vs_load(
-            rows,
-            out / f"policies_p99_{name}_vs_load.png",
-            note=f"realtime tier (static-batch off the scale)\n{note}",
-            metric=f"P99 {name.upper()}",
-            load_label="load (share of fifo capacity)",
-            floor_ms=floor,
-            log_y=True,
-        )
-
-
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value / 1000:.2f} s" if value >= 10_000 else f"{value:.0f} ms"
+        path = policies_report.write(report, checks, Path(args.out), note=note, cost=cost, command=sys.argv)
+        console.print(f"wrote {path} and the plots in {path.parent}")
 
 
 def _add_overhead_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

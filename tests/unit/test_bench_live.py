@@ -11,7 +11,8 @@ import orjson
 import pytest
 
 from api.settings import ApiSettings
-from bench import live
+from bench import live, live_compare, live_records
+from bench.records import read_records
 from bench.stats import RequestRecord
 from bench.workloads import load_workload, poisson_trace
 from queues.keys import TIERS, Tier
@@ -23,15 +24,15 @@ SEED_MIX = load_workload("seed-mix")
 H100 = PROFILES["h100-llama3-8b"]
 
 
-def setup(**changes: object) -> live.LiveSetup:
-    base = live.LiveSetup(
+def setup(**changes: object) -> live_compare.LiveSetup:
+    base = live_compare.LiveSetup(
         workload=SEED_MIX,
         cost=H100,
         load=0.9,
         duration_s=10.0,
         time_scale=8.0,
         seed=0,
-        policies=live.LIVE_POLICIES,
+        policies=live_compare.LIVE_POLICIES,
         model_dir=Path("/nonexistent"),
         log_dir=Path("/nonexistent"),
     )
@@ -68,7 +69,7 @@ def record(
 
 def test_stretching_keeps_the_requests_and_their_order_and_multiplies_every_offset() -> None:
     trace = poisson_trace(SEED_MIX, 90.0, seed=3, duration_s=2.0)
-    stretched = live.stretch(trace, 8.0)
+    stretched = live_records.stretch(trace, 8.0)
     assert len(stretched) == len(trace) > 100
     for virtual, real in zip(trace, stretched, strict=True):
         assert real.at_s == pytest.approx(virtual.at_s * 8.0)
@@ -77,26 +78,26 @@ def test_stretching_keeps_the_requests_and_their_order_and_multiplies_every_offs
 
 def test_real_times_are_divided_by_the_time_scale_into_simulated_time() -> None:
     real = record(sent_s=16.0, ttft_ms=80.0, e2e_ms=400.0)
-    simulated = live.to_simulated(real, 8.0)
+    simulated = live_records.to_simulated(real, 8.0)
     assert simulated.sent_s == 2.0
     assert simulated.ttft_ms == 10.0 and simulated.e2e_ms == 50.0
     assert simulated.tpot_ms == pytest.approx(real.tpot_ms / 8)  # type: ignore[operator]
     assert simulated.gaps_ms == [10.0] * 4
     assert (simulated.index, simulated.tier, simulated.output_tokens) == (real.index, real.tier, real.output_tokens)
-    unfinished = live.to_simulated(record(ttft_ms=None, e2e_ms=None, gaps_ms=[], status="error"), 4.0)
+    unfinished = live_records.to_simulated(record(ttft_ms=None, e2e_ms=None, gaps_ms=[], status="error"), 4.0)
     assert unfinished.ttft_ms is None and unfinished.e2e_ms is None and unfinished.tpot_ms is None
 
 
 def test_tokens_in_the_window_come_from_the_chunk_times_and_merged_chunks_count_their_share() -> None:
     # Chunks at 1.1, 1.2, 1.3, 1.4, 1.5 s: three of five before 1.35 s.
     one_each = record(sent_s=1.0, ttft_ms=100.0, gaps_ms=[100.0] * 4, output_tokens=5)
-    assert live.tokens_before(one_each, 1.35) == pytest.approx(3)
-    assert live.tokens_before(one_each, 10.0) == 5
-    assert live.tokens_before(one_each, 1.0) == 0
+    assert live_records.tokens_before(one_each, 1.35) == pytest.approx(3)
+    assert live_records.tokens_before(one_each, 10.0) == 5
+    assert live_records.tokens_before(one_each, 1.0) == 0
     # 10 tokens in 5 chunks (deltas merged): each chunk carries two.
     merged = replace(one_each, output_tokens=10)
-    assert live.tokens_before(merged, 1.35) == pytest.approx(6)
-    assert live.tokens_before(record(ttft_ms=None, e2e_ms=None, gaps_ms=[], status="error"), 10.0) == 0
+    assert live_records.tokens_before(merged, 1.35) == pytest.approx(6)
+    assert live_records.tokens_before(record(ttft_ms=None, e2e_ms=None, gaps_ms=[], status="error"), 10.0) == 0
 
 
 @pytest.mark.parametrize(
@@ -112,7 +113,7 @@ def test_tokens_in_the_window_come_from_the_chunk_times_and_merged_chunks_count_
     ],
 )
 def test_ratios_agree_within_a_quarter_of_the_virtual_one(live_ratio: float, virtual_ratio: float, agree: bool) -> None:
-    assert live.agrees(live_ratio, virtual_ratio) is agree
+    assert live_compare.agrees(live_ratio, virtual_ratio) is agree
 
 
 def test_a_request_that_never_finished_counts_at_its_time_so_far_and_a_shed_one_not_at_all() -> None:
@@ -121,7 +122,7 @@ def test_a_request_that_never_finished_counts_at_its_time_so_far_and_a_shed_one_
         record(1, sent_s=2.0, e2e_ms=None, status="error"),
         record(2, e2e_ms=None, status="rejected"),
     ]
-    assert live.latencies_ms(records, "e2e_ms", end_s=5.0) == [300.0, 3000.0]
+    assert live_records.latencies_ms(records, "e2e_ms", end_s=5.0) == [300.0, 3000.0]
 
 
 def test_a_client_stall_marks_the_requests_whose_first_token_it_awaited() -> None:
@@ -130,21 +131,21 @@ def test_a_client_stall_marks_the_requests_whose_first_token_it_awaited() -> Non
     after = record(1, sent_s=1.2, ttft_ms=80.0)  # sent after the stall ended
     before = record(2, sent_s=0.5, ttft_ms=80.0)  # had its first token before it began
     never = record(3, sent_s=1.0, ttft_ms=None, e2e_ms=None, gaps_ms=[], status="error")
-    assert live.stalled_first_tokens([awaited, after, before, never], [(1.05, 35.0)]) == {0}
-    assert live.stalled_first_tokens([awaited], []) == set()
+    assert live_records.stalled_first_tokens([awaited, after, before, never], [(1.05, 35.0)]) == {0}
+    assert live_records.stalled_first_tokens([awaited], []) == set()
 
 
 def test_the_paired_delta_matches_requests_by_index() -> None:
     virtual = [record(0, e2e_ms=300.0), record(1, e2e_ms=500.0), record(2, "normal", e2e_ms=100.0)]
     mine = [record(1, e2e_ms=530.0), record(0, e2e_ms=310.0), record(2, "normal", e2e_ms=900.0)]
-    delta = live.paired_delta_ms(mine, virtual, "e2e_ms", "realtime")
+    delta = live_records.paired_delta_ms(mine, virtual, "e2e_ms", "realtime")
     assert delta is not None and delta.count == 2 and delta.max == pytest.approx(30.0)
     assert delta.p50 == pytest.approx(20.0)
 
 
-@pytest.mark.parametrize("policy", live.LIVE_POLICIES)
+@pytest.mark.parametrize("policy", live_compare.LIVE_POLICIES)
 def test_the_live_worker_runs_the_virtual_runs_engine_and_scheduler_with_times_scaled(
-    policy: live.LivePolicy, monkeypatch: pytest.MonkeyPatch
+    policy: live_compare.LivePolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = live.sim_config(policy, setup(), 90.0)
     for name, value in live.worker_env(config, 8.0).items():
@@ -191,30 +192,30 @@ def test_the_worker_log_says_how_far_the_engine_ran_behind(tmp_path: Path) -> No
         {"event": "sim_stopped", "level": "info", "steps": 1234, "virtual_s": 35.2, "behind_ms": 812},
     ]
     path.write_text("not json\n" + "\n".join(json.dumps(line) for line in lines) + "\n[1, 2]\n")
-    read = live.read_worker_log(path)
+    read = live_records.read_worker_log(path)
     assert read["sim_behind_warnings"] == 1 and read["max_behind_share"] == 0.07
     assert (read["behind_ms"], read["engine_steps"], read["engine_virtual_s"]) == (812, 1234, 35.2)
     assert read["outcomes"] == {"final": 2, "preempted": 1}
     assert read["warnings"] == 1
-    assert live.read_worker_log(tmp_path / "missing.log")["behind_ms"] is None
+    assert live_records.read_worker_log(tmp_path / "missing.log")["behind_ms"] is None
 
 
-def side(p99_ttft_ms: float, p99_e2e_ms: float, background_tokens_per_s: float) -> live.Side:
+def side(p99_ttft_ms: float, p99_e2e_ms: float, background_tokens_per_s: float) -> live_compare.Side:
     metrics = {"realtime": {"p99_ttft_ms": p99_ttft_ms, "p99_e2e_ms": p99_e2e_ms}}
-    return live.Side([], 1.0, 0.0, metrics | {"background_tokens_per_s": background_tokens_per_s}, {})
+    return live_compare.Side([], 1.0, 0.0, metrics | {"background_tokens_per_s": background_tokens_per_s}, {})
 
 
 def test_the_ratios_are_tailcut_over_fifo_on_each_clock_and_checked_for_agreement() -> None:
-    fifo = live.PolicyResult("fifo", live=side(100.0, 1000.0, 6000.0), virtual=side(100.0, 1000.0, 6000.0))
-    ours = live.PolicyResult("tailcut", live=side(50.0, 900.0, 5900.0), virtual=side(35.0, 880.0, 5800.0))
-    checks = {check.name: check for check in live.ratio_checks([fifo, ours])}
+    fifo = live_compare.PolicyResult("fifo", live=side(100.0, 1000.0, 6000.0), virtual=side(100.0, 1000.0, 6000.0))
+    ours = live_compare.PolicyResult("tailcut", live=side(50.0, 900.0, 5900.0), virtual=side(35.0, 880.0, 5800.0))
+    checks = {check.name: check for check in live_compare.ratio_checks([fifo, ours])}
     ttft = checks["realtime P99 TTFT, tailcut / fifo"]
     assert (ttft.live, ttft.virtual, ttft.agree) == (0.5, 0.35, False)
     assert ttft.off == pytest.approx(0.5 / 0.35 - 1)
     e2e = checks["realtime P99 E2E, tailcut / fifo"]
     assert (e2e.live, e2e.virtual, e2e.agree) == (0.9, 0.88, True)
     assert checks["background tok/s, tailcut / fifo"].agree
-    assert live.ratio_checks([ours]) == []
+    assert live_compare.ratio_checks([ours]) == []
 
 
 def test_a_short_run_through_the_real_pipeline_completes_every_request(
@@ -240,16 +241,17 @@ def test_a_short_run_through_the_real_pipeline_completes_every_request(
     assert report["simulated"] is True and "×2" in report["note"]
     assert report["time_scale"] == 2.0 and report["requests"] >= 5 and report["ratios"] == []
     (entry,) = report["policies"]
-    assert entry["policy"] == "tailcut"
+    assert entry["policy"] == "tailcut" and "records" not in entry  # the summary only: records go beside it
+    rows = read_records(out / "live-records.jsonl")
     for clock in ("live", "virtual"):
-        records = entry["records"][clock]
-        assert len(records) == report["requests"]
+        records = [row for row in rows if row["clock"] == clock]
+        assert len(records) == report["requests"] and {row["policy"] for row in records} == {"tailcut"}
         assert all(row["status"] == "ok" for row in records), [row for row in records if row["status"] != "ok"]
         assert entry[clock]["realtime"]["p99_e2e_ms"] > 0 and entry[clock]["background_tokens_per_s"] > 0
     # Every live reply had all its tokens, and its times are simulated: divided by the scale, they are
     # close to the virtual clock's (undivided, they would be about twice as long).
-    virtual = {row["index"]: row for row in entry["records"]["virtual"]}
-    for row in entry["records"]["live"]:
+    virtual = {row["index"]: row for row in rows if row["clock"] == "virtual"}
+    for row in (row for row in rows if row["clock"] == "live"):
         assert row["output_tokens"] == virtual[row["index"]]["output_tokens"] == row["num_chunks"]
     assert entry["live"]["realtime"]["p50_e2e_ms"] < 1.6 * entry["virtual"]["realtime"]["p50_e2e_ms"]
     stats = entry["live"]["stats"]

@@ -18,21 +18,21 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench import overhead, vs_vllm
+from bench import cpu, overhead, rawclient, vllm_server, vs_vllm
 from bench.client import Timeline
-from bench.overhead import (
+from bench.levels import (
+    ClientKind,
     LevelResult,
-    canned_frames,
-    check_targets,
+    api_bound_chunks_per_s,
     chunk_times_s,
     fixed_requests,
     fixed_workload,
     num_chunks,
-    parse_streams,
-    raw_send,
     steady_chunk_rate,
     summarize_level,
 )
+from bench.overhead import check_targets, parse_streams
+from bench.rawclient import canned_frames, raw_send
 from bench.stats import RequestRecord, Status
 from bench.workloads import Arrival
 from tailcut.errors import FatalError
@@ -121,7 +121,7 @@ def test_summarize_level_counts_outcomes_lengths_rates_and_cpu() -> None:
         record(3, ttft_ms=None, gaps_ms=[], output_tokens=0, status="error", error="timeout"),
         record(4, ttft_ms=None, gaps_ms=[], output_tokens=0, status="rejected", error="HTTP 429: full"),
     ]
-    cpu_s = {"api": 0.5, "worker": 0.25, overhead.MACHINE: 1.5}
+    cpu_s = {"api": 0.5, "worker": 0.25, cpu.MACHINE: 1.5}
     level = summarize_level(8, records, 2.0, expected_tokens=4, cpu_s=cpu_s, client="raw")
 
     assert (level.streams, level.num_requests, level.num_ok, level.num_errors) == (8, 5, 3, 2)
@@ -133,13 +133,13 @@ def test_summarize_level_counts_outcomes_lengths_rates_and_cpu() -> None:
     assert level.cpu_share("api") == pytest.approx(0.25)
     assert level.cpu_us_per_chunk("worker") == pytest.approx(0.25 / 11 * 1e6)
     assert level.others_cpu_share == pytest.approx((1.5 - 0.75) / 2.0)
-    assert overhead.api_bound_chunks_per_s(level) == pytest.approx(11 / 0.5)
+    assert api_bound_chunks_per_s(level) == pytest.approx(11 / 0.5)
     data = level.as_dict()
     assert data["cpu_share"]["api"] == pytest.approx(0.25) and data["others_cpu_share"] == pytest.approx(0.375)
 
 
 def test_targets_are_checked_per_client() -> None:
-    def level(streams: int, client: overhead.ClientKind, ttft_ms: float, spacing_s: float) -> LevelResult:
+    def level(streams: int, client: ClientKind, ttft_ms: float, spacing_s: float) -> LevelResult:
         # 50 requests of 64 chunks, each all at once, ``spacing_s`` apart: about 64 / spacing_s chunks/s.
         records = [
             record(index, sent_s=index * spacing_s, ttft_ms=ttft_ms, gaps_ms=[0.0] * 63, output_tokens=64)
@@ -162,14 +162,14 @@ def test_targets_are_checked_per_client() -> None:
 
 
 def test_cpu_accounting_reads_proc() -> None:
-    own = overhead.cpu_seconds(os.getpid())
+    own = cpu.cpu_seconds(os.getpid())
     assert own is not None and own > 0
-    assert overhead.cpu_seconds(2**22 + 12345) is None  # no such process
-    busy = overhead.machine_busy_seconds()
+    assert cpu.cpu_seconds(2**22 + 12345) is None  # no such process
+    busy = cpu.machine_busy_seconds()
     assert busy is not None and busy >= own
-    snapshot = overhead.cpu_snapshot({"me": os.getpid()})
-    assert set(snapshot) == {"me", overhead.MACHINE}
-    assert overhead.cpu_delta({"a": 1.0, "b": 2.0}, {"a": 1.5}) == {"a": 0.5}
+    snapshot = cpu.cpu_snapshot({"me": os.getpid()})
+    assert set(snapshot) == {"me", cpu.MACHINE}
+    assert cpu.cpu_delta({"a": 1.0, "b": 2.0}, {"a": 1.5}) == {"a": 0.5}
 
 
 # --- the raw client (pure: a stream reader fed by hand) ---
@@ -214,18 +214,18 @@ async def test_raw_client_counts_every_content_chunk_however_the_reply_is_split(
 async def test_raw_client_reports_a_refusal_and_an_early_close() -> None:
     reader = asyncio.StreamReader()
     reader.feed_data(b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 2\r\n\r\n{}")
-    with pytest.raises(overhead.RawReplyError, match="429"):
+    with pytest.raises(rawclient.RawReplyError, match="429"):
         await raw_send(reader, FakeWriter(), b"", Timeline(0.0))  # type: ignore[arg-type]
     reader = asyncio.StreamReader()
     reader.feed_data(chunked_reply(3)[:200])
     reader.feed_eof()
-    with pytest.raises(overhead.RawReplyError, match="closed"):
+    with pytest.raises(rawclient.RawReplyError, match="closed"):
         await raw_send(reader, FakeWriter(), b"", Timeline(0.0))  # type: ignore[arg-type]
 
 
 def test_raw_request_carries_the_body_and_the_tier() -> None:
     arrival = Arrival(index=0, at_s=0.0, tier="realtime", tenant="acme", prompt_tokens=3, output_tokens=2)
-    request = overhead.raw_request("127.0.0.1:9", b'{"a":1}', arrival)
+    request = rawclient.raw_request("127.0.0.1:9", b'{"a":1}', arrival)
     head, _, body = request.partition(b"\r\n\r\n")
     assert head.startswith(b"POST /v1/completions HTTP/1.1\r\n") and body == b'{"a":1}'
     assert b"content-length: 7" in head and b"X-Tailcut-Tier: realtime" in head
@@ -235,8 +235,8 @@ def test_raw_request_carries_the_body_and_the_tier() -> None:
 
 
 def test_vllm_server_command_mirrors_the_worker_engine_args(tmp_path: Path) -> None:
-    args = vs_vllm.shared_engine_args(tmp_path, on_cpu=True, max_model_len=2048)
-    command = vs_vllm.vllm_server_command("/py", args, port=8123, served_name="tiny")
+    args = vllm_server.shared_engine_args(tmp_path, on_cpu=True, max_model_len=2048)
+    command = vllm_server.vllm_server_command("/py", args, port=8123, served_name="tiny")
 
     assert command[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
 
@@ -254,23 +254,23 @@ def test_vllm_server_command_mirrors_the_worker_engine_args(tmp_path: Path) -> N
 
 
 def test_engine_flags_spell_booleans_and_skip_none() -> None:
-    flags = vs_vllm.engine_flags({"enforce_eager": False, "block_size": 32, "quantization": None, "x_y": "z"})
+    flags = vllm_server.engine_flags({"enforce_eager": False, "block_size": 32, "quantization": None, "x_y": "z"})
     assert flags == ["--no-enforce-eager", "--block-size", "32", "--x-y", "z"]
 
 
 def test_tailcut_side_gets_the_same_engine_settings() -> None:
-    env, worker_env = vs_vllm.tailcut_env(on_cpu=True, max_model_len=1024)
+    env, worker_env = vllm_server.tailcut_env(on_cpu=True, max_model_len=1024)
     assert env["TAILCUT_MAX_MODEL_LEN"] == "1024" and env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
     assert worker_env == {"TAILCUT_ENGINE__KIND": "vllm", "TAILCUT_ENGINE__DEVICE": "cpu"}
 
 
 def test_engine_cores_leave_the_rest_to_the_serving_processes_on_both_sides(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vs_vllm.os, "cpu_count", lambda: 4)
-    env, _ = vs_vllm.tailcut_env(on_cpu=True, max_model_len=1024, engine_cores=3)
-    assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1" == vs_vllm.engine_env(3)["VLLM_CPU_NUM_OF_RESERVED_CPU"]
+    monkeypatch.setattr(vllm_server.os, "cpu_count", lambda: 4)
+    env, _ = vllm_server.tailcut_env(on_cpu=True, max_model_len=1024, engine_cores=3)
+    assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1" == vllm_server.engine_env(3)["VLLM_CPU_NUM_OF_RESERVED_CPU"]
     for impossible in (0, 4):
         with pytest.raises(FatalError, match="--engine-cores must be from 1 to 3"):
-            vs_vllm.engine_env(impossible)
+            vllm_server.engine_env(impossible)
 
 
 def test_comparison_is_tailcut_minus_vllm_and_a_throughput_ratio() -> None:
@@ -319,7 +319,7 @@ def test_overhead_command_measures_a_real_stack(tiny_model: Path, tmp_path: Path
         assert level["ttft_ms"]["count"] == 12 and level["ttft_ms"]["p50"] > 0
         assert level["e2e_ms"]["p99"] >= level["ttft_ms"]["p99"]
         assert level["chunks_per_s"] > 0
-        assert {"api", "worker", "redis", "client", overhead.MACHINE} <= set(level["cpu_s"])
+        assert {"api", "worker", "redis", "client", cpu.MACHINE} <= set(level["cpu_s"])
     assert [ceiling["client"] for ceiling in report["client_ceilings"]] == ["httpx", "raw"]
     assert all(ceiling["num_ok"] == 12 for ceiling in report["client_ceilings"])
     assert {check["name"] for check in report["targets"]} >= {

@@ -1,0 +1,181 @@
+"""``tailcut bench live``'s comparison: one policy's run on each clock (``Side``), the two side by side
+(``PolicyResult``), and the ratios tailcut / fifo of both clocks, which agree within a tolerance or not."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from bench.live_records import latencies_ms, paired_delta_ms
+from bench.simrun import floor_e2e_ms
+from bench.stats import RequestRecord, Summary, attainment, summarize
+from bench.workloads import Workload
+from queues.keys import TIERS
+from workers.engines.costmodel import CostModel
+
+LivePolicy = Literal["fifo", "tailcut"]
+LIVE_POLICIES: tuple[LivePolicy, ...] = ("fifo", "tailcut")
+# Live and virtual ratios agree when |live / virtual − 1| is at most this.
+AGREEMENT_TOLERANCE = 0.25
+NOTE = "SIMULATOR engine in real time ×{scale:g} (live pipeline) vs the virtual clock; cost model {cost}"
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSetup:
+    workload: Workload
+    cost: CostModel
+    load: float  # share of fifo's capacity
+    duration_s: float  # simulated seconds of arrivals
+    time_scale: float
+    seed: int
+    policies: tuple[LivePolicy, ...]
+    model_dir: Path  # its tokenizer serves the API; the sim engine runs no model
+    log_dir: Path  # the API's and the worker's logs go here
+    show_progress: bool = False
+
+
+def agrees(live: float, virtual: float, tolerance: float = AGREEMENT_TOLERANCE) -> bool:
+    """Whether a live ratio agrees with the virtual one: |live / virtual − 1| ≤ ``tolerance``."""
+    if virtual == 0:
+        return live == 0
+    return abs(live / virtual - 1) <= tolerance
+
+
+@dataclass(slots=True)
+class Side:
+    """One policy's run on one clock, every time in simulated time."""
+
+    records: list[RequestRecord]
+    end_s: float  # when the run ended (the last request finished, or the bound)
+    background_tokens: float  # background output tokens within the arrival window
+    metrics: dict[str, Any]
+    stats: dict[str, Any]
+
+
+def side(
+    records: list[RequestRecord],
+    *,
+    end_s: float,
+    background_tokens: float,
+    setup: LiveSetup,
+    rate_rps: float,
+    stats: dict[str, Any],
+) -> Side:
+    metrics: dict[str, Any] = {}
+    for tier in TIERS:
+        mine = [record for record in records if record.tier == tier]
+        if not mine:
+            continue
+        ttft = summarize(latencies_ms(mine, "ttft_ms", end_s))
+        e2e = summarize(latencies_ms(mine, "e2e_ms", end_s))
+        metrics[tier] = {
+            "requests": len(mine),
+            "ok": sum(record.status == "ok" for record in mine),
+            "rejected": sum(record.status == "rejected" for record in mine),
+            "errors": sum(record.status == "error" for record in mine),
+            "p50_ttft_ms": _p(ttft, "p50"),
+            "p90_ttft_ms": _p(ttft, "p90"),
+            "p99_ttft_ms": _p(ttft, "p99"),
+            "p50_e2e_ms": _p(e2e, "p50"),
+            "p99_e2e_ms": _p(e2e, "p99"),
+            "max_e2e_ms": _p(e2e, "max"),
+            "floor_e2e_ms": floor_e2e_ms(setup.workload, setup.cost, rate_rps, tier),
+            "attainment": attainment(mine, setup.workload.mix(tier).slo),
+        }
+    metrics["background_tokens_per_s"] = background_tokens / setup.duration_s
+    return Side(records, end_s, background_tokens, metrics, stats)
+
+
+def _p(summary: Summary | None, name: str) -> float | None:
+    return None if summary is None else float(getattr(summary, name))
+
+
+@dataclass(slots=True)
+class PolicyResult:
+    policy: LivePolicy
+    live: Side
+    virtual: Side
+
+    def paired(self) -> dict[str, Any]:
+        """Live minus virtual per request, realtime tier (simulated ms)."""
+        return {
+            metric: None
+            if (delta := paired_delta_ms(self.live.records, self.virtual.records, metric, "realtime")) is None
+            else asdict(delta)
+            for metric in ("ttft_ms", "e2e_ms")
+        }
+
+    def realtime_p99_ttft_unstalled_ms(self, side: Side) -> float:
+        """Realtime P99 TTFT of ``side`` without the requests whose first token the live client awaited
+        during one of its stalls (the same requests left out on both clocks)."""
+        stalled = set(self.live.stats.get("client_stalls", {}).get("first_token_awaited", []))
+        mine = [record for record in side.records if record.tier == "realtime" and record.index not in stalled]
+        return _p(summarize(latencies_ms(mine, "ttft_ms", side.end_s)), "p99") or 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RatioCheck:
+    name: str
+    live: float
+    virtual: float
+    agree: bool
+    key: bool = True  # one of the issue's ratios; the others only help read them
+
+    @property
+    def off(self) -> float:
+        """Live over virtual, minus one."""
+        return self.live / self.virtual - 1 if self.virtual else float("inf")
+
+
+@dataclass(slots=True)
+class LiveReport:
+    setup: LiveSetup
+    capacity_rps: float
+    rate_rps: float  # simulated requests per second
+    num_requests: int
+    results: list[PolicyResult]
+    ratios: list[RatioCheck]
+    wall_s: float
+
+    @property
+    def note(self) -> str:
+        return NOTE.format(scale=self.setup.time_scale, cost=self.setup.cost.name)
+
+
+def ratio_checks(results: Sequence[PolicyResult]) -> list[RatioCheck]:
+    """tailcut / fifo of the key figures, live and virtual (needs both policies). Two extras help read
+    the P99 TTFT: the P90, less sensitive to a few requests delayed together, and the P99 without the
+    requests whose first token the live client awaited while it stalled."""
+    by_policy = {result.policy: result for result in results}
+    if not {"fifo", "tailcut"} <= set(by_policy):
+        return []
+    ours, fifo = by_policy["tailcut"], by_policy["fifo"]
+
+    def realtime(key: str) -> Callable[[Side], float]:
+        return lambda side: float(side.metrics.get("realtime", {}).get(key) or 0)
+
+    figures: list[tuple[str, Callable[[Side], float], bool]] = [
+        ("realtime P99 TTFT, tailcut / fifo", realtime("p99_ttft_ms"), True),
+        ("realtime P99 E2E, tailcut / fifo", realtime("p99_e2e_ms"), True),
+        ("background tok/s, tailcut / fifo", lambda side: float(side.metrics["background_tokens_per_s"]), True),
+        ("realtime P90 TTFT, tailcut / fifo", realtime("p90_ttft_ms"), False),
+    ]
+    checks = []
+    unstalled = (
+        "realtime P99 TTFT without client-stalled first tokens, tailcut / fifo",
+        (ours.realtime_p99_ttft_unstalled_ms(ours.live), ours.realtime_p99_ttft_unstalled_ms(ours.virtual)),
+        (fifo.realtime_p99_ttft_unstalled_ms(fifo.live), fifo.realtime_p99_ttft_unstalled_ms(fifo.virtual)),
+    )
+    for name, figure, key in figures:
+        if not figure(fifo.live) or not figure(fifo.virtual):
+            continue  # the workload has no such tier
+        live = figure(ours.live) / figure(fifo.live)
+        virtual = figure(ours.virtual) / figure(fifo.virtual)
+        checks.append(RatioCheck(name, live, virtual, agrees(live, virtual), key))
+    name, (ours_live, ours_virtual), (fifo_live, fifo_virtual) = unstalled
+    if fifo_live and fifo_virtual:
+        live, virtual = ours_live / fifo_live, ours_virtual / fifo_virtual
+        checks.append(RatioCheck(name, live, virtual, agrees(live, virtual), key=False))
+    return checks

@@ -1,0 +1,163 @@
+"""``tailcut bench policies``' output (SIMULATOR): the tables per tier, the KV table, the targets,
+``results.json`` and the plots."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from bench import plots
+from bench.policies import PoliciesReport
+from bench.stats import TargetCheck
+from workers.engines.costmodel import CostModel
+
+
+def print_report(console: Console, report: PoliciesReport, checks: list[TargetCheck]) -> None:
+    console.print(
+        f"workload {report.workload.name}, seed {report.seed}, {report.duration_s:g} virtual s per run; "
+        f"fifo capacity {report.capacity_rps:.1f} req/s; {len(report.results) + len(report.kv_results)} runs "
+        f"in {report.wall_s:.0f} s wall"
+    )
+    for tier in ("realtime", "normal"):
+        table = Table(title=f"{tier}: latency beside the floor and the background throughput left (SIMULATOR)")
+        for column in (
+            "policy",
+            "load",
+            "P99 TTFT",
+            "P50 E2E",
+            "P99 E2E",
+            "floor",
+            "E2E/floor",
+            "attain.",
+            "bg tok/s",
+            "offered",
+            "429s",
+        ):
+            table.add_column(column, justify="left" if column == "policy" else "right")
+        for result in report.results:
+            row = next((row for row in result.rows if row["tier"] == tier), None)
+            if row is None:
+                continue
+            background = next(row for row in result.rows if row["tier"] == "background")
+            rejected = sum(r["rejected"] for r in result.rows)
+            table.add_row(
+                row["policy"],
+                f"{row['load']:.0%}",
+                _ms(row["p99_ttft_ms"]),
+                _ms(row["p50_e2e_ms"]),
+                _ms(row["p99_e2e_ms"]),
+                _ms(row["floor_e2e_ms"]),
+                f"{row['p99_e2e_ms'] / row['floor_e2e_ms']:.2f}",
+                f"{row['attainment']:.1%}",
+                f"{background['output_tokens_per_s']:,.0f}",
+                f"{background['offered_tokens_per_s']:,.0f}",
+                str(rejected),
+            )
+        console.print(table)
+    kv = Table(title="KV cache: static reservation vs paged blocks (fifo at 90%, max_tokens = tier cap; SIMULATOR)")
+    for column in ("allocation", "mean use", "peak use", "slots holding KV", "max running", "rt P99 E2E"):
+        kv.add_column(column, justify="left" if column == "allocation" else "right")
+    for result in report.kv_results:
+        stats = result.run
+        realtime = next(row for row in result.rows if row["tier"] == "realtime")
+        name = "static" if stats["kv_allocation"] == "static" else f"paged {stats['block_size']}"
+        kv.add_row(
+            name,
+            f"{stats['kv_mean_usage']:.1%}",
+            f"{stats['kv_peak_usage']:.1%}",
+            f"{stats['kv_filled_share']:.1%}",
+            str(stats["max_running"]),
+            _ms(realtime["p99_e2e_ms"]),
+        )
+    console.print(kv)
+    targets = Table(title="targets (WORKLOADS.md) for tailcut")
+    for column in ("target", "measured", "wanted", ""):
+        targets.add_column(column, justify="left" if column == "target" else "right")
+    for check in checks:
+        targets.add_row(
+            check.name,
+            "-" if check.value is None else f"{check.value:.3f}",
+            check.target,
+            "met" if check.met else "[red]missed[/red]",
+        )
+    console.print(targets)
+
+
+def plot(report: PoliciesReport, out: Path, note: str) -> None:
+    at_90 = [result for result in report.results if result.job.load == 0.9]
+    for name, attribute in (("e2e", "e2e_ms"), ("ttft", "ttft_ms")):
+        series = {result.job.variant.label: getattr(result, attribute) for result in at_90}
+        plots.plot_cdf(series, name.upper(), out / f"policies_cdf_{name}_90.png", note=f"90% load; {note}", log_x=True)
+        key = f"p99_{name}_ms"
+        rows = [
+            (row["policy"], row["load"], row[key])
+            for result in report.results
+            if result.job.variant.policy != "static-batch"
+            for row in result.rows
+            if row["tier"] == "realtime"
+        ]
+        floor = None
+        if name == "e2e":
+            floor = {
+                row["load"]: row["floor_e2e_ms"]
+                for result in report.results
+                for row in result.rows
+                if row["tier"] == "realtime"
+            }
+        plots.plot_p99_vs_load(
+            rows,
+            out / f"policies_p99_{name}_vs_load.png",
+            note=f"realtime tier (static-batch off the scale)\n{note}",
+            metric=f"P99 {name.upper()}",
+            load_label="load (share of fifo capacity)",
+            floor_ms=floor,
+            log_y=True,
+        )
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1000:.2f} s" if value >= 10_000 else f"{value:.0f} ms"
+
+
+def write(
+    report: PoliciesReport,
+    checks: Sequence[TargetCheck],
+    out: Path,
+    *,
+    note: str,
+    cost: CostModel,
+    command: Sequence[str],
+) -> Path:
+    """``out/results.json`` (every run's rows per tier, the KV runs, the targets) and the plots; its path."""
+    out.mkdir(parents=True, exist_ok=True)
+    workload = report.workload
+    results = {
+        "simulated": True,
+        "note": note,
+        "command": list(command),
+        "cost_model": {
+            "name": cost.name,
+            "base_us": cost.base_us,
+            "prefill_token_us": cost.prefill_token_us,
+            "decode_seq_us": cost.decode_seq_us,
+        },
+        "workload": workload.model_dump(),
+        "seed": report.seed,
+        "duration_s": report.duration_s,
+        "capacity_rps": report.capacity_rps,
+        "wall_s": report.wall_s,
+        "runs": [row for result in report.results for row in result.rows],
+        "run_stats": [result.run for result in report.results],
+        "kv": [result.run | {"rows": result.rows} for result in report.kv_results],
+        "targets": [{"name": c.name, "value": c.value, "target": c.target, "met": c.met} for c in checks],
+    }
+    path = out / "results.json"
+    path.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    plot(report, out, note)
+    return path
