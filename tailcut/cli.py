@@ -96,9 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_parser(sub)
 
     up = sub.add_parser("up", help="run the whole stack locally: Redis if needed, workers, API")
-    up.add_argument("--model", default="smollm2", help="model folder or `smollm2` (default)")
-    up.add_argument("--port", type=int, default=8000)
-    up.add_argument("--redis-url", dest="redis_url", help="use this Redis instead of a local one")
+    up.add_argument("--model", help="model folder or `smollm2` (TAILCUT_MODEL)")
+    up.add_argument("--port", type=int, help="the API's HTTP port (TAILCUT_PORT)")
+    up.add_argument(
+        "--redis-url", dest="redis_url", help="use this Redis (TAILCUT_REDIS_URL; default: local, or a private one)"
+    )
     up.add_argument("--workers", type=int, default=1, help="worker processes (one engine each)")
     up.set_defaults(func=cmd_up)
 

@@ -1,175 +1,95 @@
 """``tailcut up``: the whole stack on one machine, for trying tailcut out.
 
-Starts a private ``redis-server`` (temporary folder, free port) unless ``--redis-url`` is given or a
-Redis answers on the default address, then the worker(s), one batch-job process (``tailcut jobs``) and
-the API as child processes; waits until ``/readyz`` says ready, prints the URL and a curl to paste,
-and on Ctrl-C stops everything in reverse order.
+Settings come as everywhere else: a flag wins over its ``TAILCUT_*`` variable, which wins over the
+default of the settings class (``--model``/``TAILCUT_MODEL``, ``--redis-url``/``TAILCUT_REDIS_URL``,
+``--port``/``TAILCUT_PORT``; ``TAILCUT_HOST`` too). Starts a private ``redis-server`` (temporary folder,
+free port) unless a Redis URL is given or a Redis answers on the default address, then the worker(s),
+one batch-job process (``tailcut jobs``) and the API as child processes; waits until ``/readyz`` says
+ready, prints the URL and a curl to paste, and on Ctrl-C (or SIGTERM) stops everything in reverse
+order. The children die with it even when it is killed with SIGKILL (``tailcut.processes``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 
 from rich.console import Console
 
-from tailcut.errors import ConfigError
+from tailcut.errors import ConfigError, FatalError
 from tailcut.models import resolve_model, served_name
+from tailcut.processes import (
+    Child,
+    free_port,
+    interrupt_on_signals,
+    private_redis,
+    redis_answers,
+    start_child,
+    stop_children,
+    wait_until_ready,
+)
 from tailcut.settings import CommonSettings
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 READY_TIMEOUT_S = 600.0
-STOP_TIMEOUT_S = 40.0
+STOP_TIMEOUT_S = 40.0  # above the worker's default drain time (TAILCUT_DRAIN_TIMEOUT_S)
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 console = Console(stderr=True, highlight=False)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _given(**values: object) -> dict[str, object]:
+    """The flags that were given: they win over TAILCUT_* variables, which win over the defaults."""
+    return {name: value for name, value in values.items() if value is not None}
 
 
-def redis_answers(url: str) -> bool:
-    import redis
-
-    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
+def _base_url(host: str, port: int) -> str:
+    """Where this process reaches the API bound to ``host``."""
+    if host in WILDCARD_HOSTS:
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-@contextlib.contextmanager
-def private_redis() -> Iterator[str]:
-    """A throwaway ``redis-server`` on a free port; yields its URL."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise ConfigError(
-            "no Redis answers on 127.0.0.1:6379 and redis-server is not installed: install Redis 7 "
-            "(apt-get install redis-server) or pass --redis-url"
-        )
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="tailcut-redis-") as folder:
-        process = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                folder,
-                "--maxmemory-policy",
-                "noeviction",
-            ],
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        url = f"redis://127.0.0.1:{port}/0"
-        try:
-            deadline = time.monotonic() + 10
-            while not redis_answers(url):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise ConfigError(f"redis-server did not start on port {port}")
-                time.sleep(0.1)
-            yield url
-        finally:
-            stop_process(process, "redis")
-
-
-def stop_process(process: subprocess.Popen[bytes], name: str) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        console.log(f"{name} did not stop in {STOP_TIMEOUT_S:.0f} s; killing it")
-        process.kill()
-        process.wait()
-
-
-def wait_ready(url: str, children: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
+def _wait_ready(url: str, children: list[Child]) -> None:
     with console.status("starting: loading the model into the worker(s)") as status:
-        while time.monotonic() < deadline:
-            for name, child in children:
-                if child.poll() is not None:
-                    raise ConfigError(f"{name} exited with status {child.returncode} during start; see its log above")
-            try:
-                with urllib.request.urlopen(f"{url}/readyz", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except urllib.error.HTTPError as exc:
-                status.update(f"starting: {exc.read().decode(errors='replace')[:120]}")
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.5)
-    raise ConfigError(f"the stack was not ready after {READY_TIMEOUT_S:.0f} s")
+
+        def show(_status: int, body: str) -> None:
+            status.update(f"starting: {body[:120]}")
+
+        try:
+            wait_until_ready(f"{url}/readyz", children, timeout_s=READY_TIMEOUT_S, what="the stack", on_answer=show)
+        except FatalError as exc:
+            raise ConfigError(exc.message) from exc
 
 
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt
+def up(*, model: str | None, port: int | None, redis_url: str | None, num_workers: int) -> int:
+    from api.settings import ApiSettings
 
-
-def interrupt_on_signals() -> None:
-    """Ctrl-C and SIGTERM both raise ``KeyboardInterrupt``, so a command that started processes stops
-    them on its way out instead of leaving them running. SIGINT may arrive ignored when the command
-    was started in the background, so its handler is installed explicitly."""
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
-
-
-def up(*, model: str, port: int, redis_url: str | None, num_workers: int) -> int:
     interrupt_on_signals()  # the stack stops in order
-    settings = CommonSettings(model=model)
+    settings = CommonSettings(**_given(model=model, redis_url=redis_url))  # type: ignore[arg-type]
+    api_settings = ApiSettings(**_given(port=port))  # type: ignore[arg-type]
+    listen_port = api_settings.port or free_port()  # 0: a free one, known here so readiness can be polled
     with console.status("preparing the model"):
         model_dir = resolve_model(settings.model, settings.cache_dir, progress=console.log)
     name = served_name(model_dir, settings.served_model_name)
     with contextlib.ExitStack() as stack:
-        if redis_url is None:
-            if redis_answers(DEFAULT_REDIS_URL):
-                redis_url = DEFAULT_REDIS_URL
-            else:
-                redis_url = stack.enter_context(private_redis())
-                console.log(f"started a private redis-server at {redis_url}")
-        env = {**os.environ, "TAILCUT_REDIS_URL": redis_url, "TAILCUT_MODEL": str(model_dir)}
-        children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        url_of_redis = settings.redis_url
+        if "redis_url" not in settings.model_fields_set and not redis_answers(url_of_redis):
+            url_of_redis = stack.enter_context(private_redis()).url
+            console.log(f"started a private redis-server at {url_of_redis}")
+        env = {**os.environ, "TAILCUT_REDIS_URL": url_of_redis, "TAILCUT_MODEL": str(model_dir)}
+        children: list[Child] = []
         try:
+            command = [sys.executable, "-m", "tailcut"]
             for index in range(num_workers):
-                children.append(
-                    (
-                        f"worker {index + 1}",
-                        subprocess.Popen([sys.executable, "-m", "tailcut", "worker"], env=env, start_new_session=True),
-                    )
-                )
-            children.append(
-                ("jobs", subprocess.Popen([sys.executable, "-m", "tailcut", "jobs"], env=env, start_new_session=True))
-            )
-            api_env = {**env, "TAILCUT_PORT": str(port), "TAILCUT_HOST": "127.0.0.1"}
-            children.append(
-                ("api", subprocess.Popen([sys.executable, "-m", "tailcut", "api"], env=api_env, start_new_session=True))
-            )
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(url, children)
-            console.print(f"\n[bold green]tailcut is up[/] at {url} — model {name}, Redis {redis_url}\n")
+                children.append(start_child(f"worker {index + 1}", [*command, "worker"], env))
+            children.append(start_child("jobs", [*command, "jobs"], env))
+            api_env = {**env, "TAILCUT_PORT": str(listen_port), "TAILCUT_HOST": api_settings.host}
+            children.append(start_child("api", [*command, "api"], api_env))
+            url = _base_url(api_settings.host, listen_port)
+            _wait_ready(url, children)
+            console.print(f"\n[bold green]tailcut is up[/] at {url} — model {name}, Redis {url_of_redis}\n")
             console.print(
                 f"curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' "
                 f'-d \'{{"model": "{name}", "stream": true, "messages": '
@@ -178,11 +98,11 @@ def up(*, model: str, port: int, redis_url: str | None, num_workers: int) -> int
             )
             console.print(f"Batch log analysis: tailcut jobs submit FILE --url {url}\n")
             console.print("Ctrl-C stops everything.")
-            while all(child.poll() is None for _name, child in children):
+            while all(child.process.poll() is None for child in children):
                 time.sleep(0.5)
-            for child_name, child in children:
-                if child.returncode is not None:
-                    console.log(f"{child_name} exited with status {child.returncode}; stopping")
+            for child in children:
+                if child.process.returncode is not None:
+                    console.log(f"{child.name} exited with status {child.process.returncode}; stopping")
             return 1
         except KeyboardInterrupt:
             console.print("\nstopping")
@@ -190,5 +110,4 @@ def up(*, model: str, port: int, redis_url: str | None, num_workers: int) -> int
         finally:
             # Reverse order: the API stops taking requests first, then the jobs process cancels its
             # requests and hands its jobs back to the queue, then the workers drain.
-            for child_name, child in reversed(children):
-                stop_process(child, child_name)
+            stop_children(children, timeout_s=STOP_TIMEOUT_S, progress=console.log)

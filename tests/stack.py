@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
-import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from api.settings import ApiSettings
 from queues.connection import connect, connect_blocking
 from queues.jobs import JobsSettings, connect_arq
 from queues.keys import Keys
+from tailcut.processes import RedisServer, private_redis
 from workers.engines.base import Engine
 from workers.jobs import JobRunner, build_worker, close_worker, run_worker
 from workers.settings import WorkerSettings
@@ -177,40 +176,7 @@ async def _delete_prefix(redis: aioredis.Redis, prefix: str) -> None:
         await redis.delete(*keys)
 
 
-@dataclass
-class RedisServer:
-    url: str
-    process: subprocess.Popen[bytes]
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def private_redis_server(port: int, *extra: str) -> Iterator[RedisServer]:
-    """A redis-server of the test's own on ``port`` (for FLUSHALL, kill, or other settings)."""
-    import redis as sync_redis
-
-    process = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *extra],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        client = sync_redis.Redis.from_url(url, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except sync_redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        client.close()
-        yield RedisServer(url, process)
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            process.wait(timeout=10)
+def private_redis_server(port: int, *extra: str) -> contextlib.AbstractContextManager[RedisServer]:
+    """A redis-server of the test's own on ``port`` (for FLUSHALL, kill, or other settings); it dies with
+    the test process (``tailcut.processes``)."""
+    return private_redis(port, *extra)
