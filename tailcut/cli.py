@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import os
 import sys
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from bench import cli as bench_cli
 from tailcut import jobs_cli, logs
-from tailcut.errors import TailcutError
+from tailcut.errors import ConfigError, TailcutError
+
+# Sub-commands that other distributions (or tailcut's own extras) add: `bench = "bench.cli:add_parser"`.
+COMMANDS_GROUP = "tailcut.commands"
+# The extra that installs each optional sub-command, for the message when it is missing.
+OPTIONAL_COMMANDS = {"bench": "bench"}
 
 
 def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, object]:
@@ -76,6 +81,31 @@ def cmd_models_prepare(args: argparse.Namespace) -> None:
     print(path)
 
 
+def add_entry_point_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The sub-commands registered under the ``tailcut.commands`` entry point group (``bench``); one that
+    is not installed (or whose extra's packages are missing) answers with how to install it."""
+    found = {entry.name: entry for entry in importlib.metadata.entry_points(group=COMMANDS_GROUP)}
+    for name in sorted(found.keys() | OPTIONAL_COMMANDS.keys()):
+        try:
+            if name not in found:
+                raise ImportError(f"no `{name}` entry point in group {COMMANDS_GROUP}")
+            found[name].load()(sub)
+        except ImportError as exc:
+            _add_missing_command(sub, name, str(exc))
+
+
+def _add_missing_command(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, why: str) -> None:
+    extra = OPTIONAL_COMMANDS.get(name, name)
+    hint = f"`tailcut {name}` needs the `{extra}` extra: pip install -e '.[{extra}]' ({why})"
+
+    def missing(_args: argparse.Namespace) -> None:
+        raise ConfigError(hint)
+
+    command = sub.add_parser(name, help=f"(not installed: pip install -e '.[{extra}]')", add_help=False)
+    command.add_argument("rest", nargs=argparse.REMAINDER)
+    command.set_defaults(func=missing)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailcut", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -93,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=cmd_worker)
 
     jobs_cli.add_parser(sub)
-    bench_cli.add_parser(sub)
+    add_entry_point_commands(sub)
 
     up = sub.add_parser("up", help="run the whole stack locally: Redis if needed, workers, API")
     up.add_argument("--model", help="model folder or `smollm2` (TAILCUT_MODEL)")

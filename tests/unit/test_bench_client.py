@@ -8,6 +8,7 @@ what comes back); it does not stand in for tailcut.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -288,3 +289,13 @@ def test_cli_writes_report_and_plots(server: FakeServer, tmp_path: Path, capsys:
     for name in ("load_cdf_e2e.png", "load_cdf_ttft.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     assert "realtime" in capsys.readouterr().out
+
+
+def test_without_the_bench_extra_tailcut_bench_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the `bench` extra were not installed
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "load", "--url", "http://127.0.0.1:9"])
+    assert exited.value.code == 2
+    assert "pip install -e '.[bench]'" in capsys.readouterr().err
