@@ -104,34 +104,41 @@ class _Watchdog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
+        self._groups: set[int] = set()  # what the watchdog must kill if this process dies now
 
     def guard(self, pgid: int) -> None:
-        self._send(f"+{pgid}\n")
+        with self._lock:
+            self._groups.add(pgid)
+            self._send(f"+{pgid}\n")
 
     def release(self, pgid: int) -> None:
-        self._send(f"-{pgid}\n")
+        with self._lock:
+            self._groups.discard(pgid)
+            self._send(f"-{pgid}\n")
 
     def _send(self, line: str) -> None:
-        with self._lock:
-            if self._process is None or self._process.poll() is not None:
-                self._process = subprocess.Popen(
-                    [sys.executable, "-c", "from tailcut.processes import watch; watch()", str(os.getpid())],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.DEVNULL,
-                    start_new_session=True,  # a Ctrl-C for the parent's group does not reach it
-                )
-            assert self._process.stdin is not None
-            try:
-                self._process.stdin.write(line.encode())
-                self._process.stdin.flush()
-            except BrokenPipeError:  # it died: the next line starts another
-                self._process = None
+        """Tell the watchdog ``line``; one that is not running (yet, or any more) is started and told every
+        group still guarded."""
+        if self._process is None or self._process.poll() is not None:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", "from tailcut.processes import watch; watch()", str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C for the parent's group does not reach it
+            )
+            line = "".join(f"+{pgid}\n" for pgid in self._groups)
+        assert self._process.stdin is not None
+        try:
+            self._process.stdin.write(line.encode())
+            self._process.stdin.flush()
+        except BrokenPipeError:  # it died: the next line starts another
+            self._process = None
 
     def forget_after_fork(self) -> None:
         """In a forked child (``multiprocessing``, vLLM's engine core): the copy of the pipe must not keep
         the parent's watchdog waiting after the parent died. The descriptor is pointed at /dev/null rather
         than closed, so the inherited file object can still be closed or flushed harmlessly."""
-        process, self._process, self._lock = self._process, None, threading.Lock()
+        process, self._process, self._lock, self._groups = self._process, None, threading.Lock(), set()
         if process is not None and process.stdin is not None:
             with contextlib.suppress(OSError, ValueError):
                 null = os.open(os.devnull, os.O_WRONLY)
