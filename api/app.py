@@ -10,20 +10,21 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
+from admission.admitter import Admitter
+from admission.request import ServedModel
+from admission.shedding import Backlog
+from admission.tokenizer import PromptTokenizer
 from api import errors, health, jobs_routes, openai_routes
-from api.admission import Admission, ServedModel
-from api.predictor import OutputLengthPredictor
 from api.settings import ApiSettings
-from api.shedding import Backlog
 from api.state import ApiState
-from api.tokenize import PromptTokenizer
+from jobs.settings import JobsSettings
 from queues.connection import check_redis, connect, connect_blocking
-from queues.jobs import JobsSettings, connect_arq
+from queues.jobs import connect_arq
 from queues.keys import Keys
 from queues.replies import ReplyRouter
 from tailcut.errors import ServiceUnavailableError
 from tailcut.logs import log_event
-from tailcut.models import max_model_len, resolve_model, served_name
+from tailcut.models import resolve_model
 
 log = logging.getLogger("tailcut.api")
 
@@ -41,10 +42,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         folder = model_dir or resolve_model(settings.model, settings.cache_dir)
-        model = ServedModel(
-            name=served_name(folder, settings.served_model_name),
-            max_model_len=settings.max_model_len or max_model_len(folder),
-        )
+        model = ServedModel.of(folder, settings)
         tokenizer = PromptTokenizer(folder, num_threads=settings.tokenizer_threads)
         keys = Keys(settings.key_prefix)
         redis = connect(settings.redis_url, timeout_s=settings.redis_timeout_s)
@@ -65,9 +63,7 @@ def create_app(
             redis=redis,
             pubsub_redis=pubsub_redis,
             router=router,
-            tokenizer=tokenizer,
-            admission=Admission(settings, tokenizer, model, OutputLengthPredictor()),
-            model=model,
+            admitter=Admitter(settings.admission_config(), model, tokenizer=tokenizer, queue_depth=backlog),
             jobs_settings=jobs,
             arq=arq,
             backlog=backlog,

@@ -10,21 +10,60 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.responses import OrjsonResponse
-from tailcut.errors import TailcutError
+from tailcut.errors import (
+    AuthenticationError,
+    DeadlineExceededError,
+    InvalidRequestError,
+    JobFailedError,
+    JobNotFoundError,
+    ModelNotFoundError,
+    OverloadedError,
+    ServiceUnavailableError,
+    TailcutError,
+)
 from tailcut.logs import log_event
 
 log = logging.getLogger("tailcut.api")
+
+# HTTP status and OpenAI error type of each error class; a subclass not listed takes its parent's.
+HTTP_SHAPES: dict[type[TailcutError], tuple[int, str]] = {
+    InvalidRequestError: (400, "invalid_request_error"),
+    AuthenticationError: (401, "authentication_error"),
+    ModelNotFoundError: (404, "invalid_request_error"),
+    JobNotFoundError: (404, "invalid_request_error"),
+    OverloadedError: (429, "rate_limit_error"),
+    JobFailedError: (500, "job_failed"),
+    ServiceUnavailableError: (503, "service_unavailable"),
+    DeadlineExceededError: (504, "timeout_error"),
+    TailcutError: (500, "internal_error"),
+}
+
+
+def http_shape(exc: TailcutError) -> tuple[int, str]:
+    """Status code and error type of ``exc``: those of its nearest listed class."""
+    for cls in type(exc).__mro__:
+        if cls in HTTP_SHAPES:
+            return HTTP_SHAPES[cls]
+    return HTTP_SHAPES[TailcutError]
+
+
+def http_headers(exc: TailcutError) -> dict[str, str]:
+    if isinstance(exc, OverloadedError):
+        return {"Retry-After": str(exc.retry_after_s)}
+    return {}
 
 
 def error_body(message: str, error_type: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
+def error_body_of(exc: TailcutError) -> dict[str, Any]:
+    return error_body(exc.message, http_shape(exc)[1], param=exc.param, code=exc.code)
+
+
 def error_response(exc: TailcutError, headers: dict[str, str] | None = None) -> OrjsonResponse:
     return OrjsonResponse(
-        error_body(exc.message, exc.error_type, param=exc.param, code=exc.code),
-        status_code=exc.status_code,
-        headers=headers,
+        error_body_of(exc), status_code=http_shape(exc)[0], headers={**http_headers(exc), **(headers or {})} or None
     )
 
 
@@ -47,7 +86,7 @@ def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]
 def install(app: FastAPI) -> None:
     @app.exception_handler(TailcutError)
     async def _tailcut_error(_request: Request, exc: TailcutError) -> OrjsonResponse:
-        return error_response(exc, headers=exc.headers() or None)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> OrjsonResponse:

@@ -12,9 +12,6 @@ from starlette.responses import Response
 from api.responses import OrjsonResponse
 from api.state import ApiState
 
-# A worker whose last heartbeat is older than this does not count as serving.
-WORKER_FRESH_S = 5.0
-
 router = APIRouter()
 
 
@@ -32,7 +29,9 @@ async def readyz(request: Request) -> OrjsonResponse:
     workers = 0
     try:
         await state.redis.ping()
-        workers = int(await state.redis.zcount(state.keys.workers, time.time() - WORKER_FRESH_S, "+inf"))
+        # Each worker's score is the time until which its last beat vouches for it (its own
+        # heartbeat interval decides; see ``queues.keys.Keys.workers``).
+        workers = int(await state.redis.zcount(state.keys.workers, time.time(), "+inf"))
     except RedisError as exc:
         problems.append(f"redis: {exc}")
     if not state.router.ready:

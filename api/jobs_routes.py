@@ -20,20 +20,20 @@ from arq.jobs import JobStatus as ArqStatus
 from fastapi import APIRouter, Depends, Request
 from redis.exceptions import RedisError
 
-from api.admission import TENANT_HEADER
-from api.openai_routes import check_auth, get_state
+from admission.request import ChatPrompt
+from api.openai_routes import TENANT_HEADER, check_auth, get_state
 from api.responses import OrjsonResponse
+from api.schemas import JobRequest
 from api.state import ApiState
+from jobs.prompts import chunk_messages
 from queues.jobs import (
     ARQ_START_WINDOW_S,
     JOB_FUNCTION,
     TERMINAL_STATUSES,
     JobProgress,
-    JobRequest,
     JobSpec,
     JobStatus,
     JobStore,
-    chunk_messages,
     loads_job,
 )
 from tailcut.errors import InvalidRequestError, JobFailedError, JobNotFoundError, ServiceUnavailableError
@@ -45,7 +45,7 @@ router = APIRouter(dependencies=[Depends(check_auth)])
 async def create_job(body: JobRequest, request: Request) -> OrjsonResponse:
     state = get_state(request)
     settings = state.jobs_settings
-    state.admission.check_model(body.model)
+    state.admitter.check_model(body.model)
     lines = body.log_lines()
     spec = JobSpec(
         lines=lines,
@@ -108,17 +108,19 @@ async def abort_job(job_id: str, request: Request) -> OrjsonResponse:
 
 
 async def check_chunks_fit(state: ApiState, spec: JobSpec) -> None:
-    """Refuse a job with a chunk whose prompt plus answer exceeds the context, naming the fix."""
-    if not state.tokenizer.has_chat_template:
-        raise InvalidRequestError("this model has no chat template, which batch jobs need")
+    """Refuse a job with a chunk whose prompt plus answer exceeds the context (admission's own rule),
+    naming the chunk and the fix."""
     chunks = spec.chunks()
     prompts = await asyncio.gather(
-        *(state.tokenizer.encode_chat(chunk_messages(spec.instruction, chunk, len(chunks))) for chunk in chunks)
+        *(
+            state.admitter.prompt_ids(ChatPrompt(chunk_messages(spec.instruction, chunk, len(chunks))))
+            for chunk in chunks
+        )
     )
-    context = state.model.max_model_len
     for chunk, prompt in zip(chunks, prompts, strict=True):
-        needed = len(prompt) + spec.max_tokens
-        if needed > context:
+        try:
+            state.admitter.output_budget(len(prompt), spec.max_tokens)
+        except InvalidRequestError as exc:
             fix = (
                 "shorten that line or lower `max_tokens`"
                 if spec.chunk_lines == 1
@@ -126,11 +128,11 @@ async def check_chunks_fit(state: ApiState, spec: JobSpec) -> None:
             )
             raise InvalidRequestError(
                 f"chunk {chunk.index + 1} of {len(chunks)} (log lines {chunk.first_line}-{chunk.last_line}) needs "
-                f"{len(prompt)} prompt tokens + {spec.max_tokens} for the answer = {needed} tokens, over this "
-                f"model's maximum context length of {context}; {fix}",
+                f"{len(prompt)} prompt tokens + {spec.max_tokens} for the answer = {len(prompt) + spec.max_tokens} "
+                f"tokens, over this model's maximum context length of {state.model.max_model_len}; {fix}",
                 param="chunk_lines",
-                code="context_length_exceeded",
-            )
+                code=exc.code,
+            ) from exc
 
 
 def arq_job(state: ApiState, job_id: str) -> Job:

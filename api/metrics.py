@@ -11,7 +11,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from api.predictor import OutputLengthPredictor
+from admission.admitter import Admitter
 from queues.messages import OutputEvent, RequestMessage
 
 LATENCY_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
@@ -64,18 +64,18 @@ class ApiMetrics:
             "tailcut_open_streams", "Requests this process is waiting on.", registry=self.registry
         )
 
-    def track(self, message: RequestMessage, predictor: OutputLengthPredictor) -> RequestTracker:
+    def track(self, message: RequestMessage, admitter: Admitter) -> RequestTracker:
         self.admitted.labels(message.tier, message.bucket).inc()
-        return RequestTracker(self, message, predictor)
+        return RequestTracker(self, message, admitter)
 
 
 class RequestTracker:
     """Follows one request's events for the metrics and teaches the predictor its real length."""
 
-    def __init__(self, metrics: ApiMetrics, message: RequestMessage, predictor: OutputLengthPredictor) -> None:
+    def __init__(self, metrics: ApiMetrics, message: RequestMessage, admitter: Admitter) -> None:
         self._metrics = metrics
         self._message = message
-        self._predictor = predictor
+        self._admitter = admitter
         self._started = time.monotonic()
         self._first_chunk = False
 
@@ -87,14 +87,7 @@ class RequestTracker:
         elif event.type == "final":
             self._metrics.e2e.labels(tier).observe(time.monotonic() - self._started)
             self._metrics.finished.labels(tier, "final").inc()
-            output_tokens = event.completion_tokens or 0
-            error = abs(self._message.predicted_output_tokens - output_tokens)
+            error = self._admitter.observe(self._message, event.completion_tokens or 0)
             self._metrics.prediction_error.labels(tier).observe(error)
-            self._predictor.observe(
-                tier=tier,
-                tenant=self._message.tenant,
-                prompt_tokens=len(self._message.prompt_token_ids),
-                output_tokens=output_tokens,
-            )
         elif event.type == "error":
             self._metrics.finished.labels(tier, event.error_code or "error").inc()

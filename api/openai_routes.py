@@ -11,15 +11,15 @@ from fastapi import APIRouter, Depends, Request
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
-from api.admission import TENANT_HEADER, TIER_HEADER
-from api.errors import error_body
+from admission.request import ChatPrompt, GenerationRequest, Prompt, TextPrompt, TokenPrompt
+from api.errors import error_body_of, error_response
 from api.metrics import RequestTracker
 from api.render import ChatRenderer, CompletionRenderer, Renderer
 from api.responses import EventStreamResponse, OrjsonResponse
 from api.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
 from api.state import ApiState
 from queues import intake, output
-from queues.messages import OutputEvent, RequestMessage
+from queues.messages import OutputEvent, RequestMessage, SamplingOptions
 from queues.replies import ReplyStream
 from tailcut.errors import (
     AuthenticationError,
@@ -31,6 +31,8 @@ from tailcut.errors import (
 )
 
 T = TypeVar("T")
+TIER_HEADER = "x-tailcut-tier"
+TENANT_HEADER = "x-tailcut-tenant"
 REQUEST_ID_HEADER = "X-Tailcut-Request-Id"
 DONE = b"data: [DONE]\n\n"
 # Status logged for a request whose client left before the response (nginx's convention).
@@ -70,52 +72,77 @@ async def list_models(request: Request) -> OrjsonResponse:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    state = get_state(request)
-    state.admission.check_model(body.model)
-    tier = state.admission.resolve_tier(body, request.headers.get(TIER_HEADER))
-    prompt = await state.admission.chat_prompt(body)
-    message = state.admission.build(
-        body,
-        prompt,
-        tier=tier,
-        tenant_header=request.headers.get(TENANT_HEADER),
-        requested_max_tokens=body.max_completion_tokens or body.max_tokens,
-        reply_to=state.settings.api_id,
-    )
-    return await respond(state, request, body, message, ChatRenderer)
+    get_state(request).admitter.check_model(body.model)
+    messages = [{"role": message.role, "content": message.text()} for message in body.messages]
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    generation = generation_request(body, ChatPrompt(messages), request, max_tokens=max_tokens)
+    return await respond(get_state(request), request, body, generation, ChatRenderer)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    state = get_state(request)
-    state.admission.check_model(body.model)
+    get_state(request).admitter.check_model(body.model)
     if body.echo or body.suffix:
         raise InvalidRequestError("`echo` and `suffix` are not supported", param="echo" if body.echo else "suffix")
-    tier = state.admission.resolve_tier(body, request.headers.get(TIER_HEADER))
-    prompt = await state.admission.completion_prompt(body)
-    message = state.admission.build(
-        body,
-        prompt,
-        tier=tier,
-        tenant_header=request.headers.get(TENANT_HEADER),
-        requested_max_tokens=body.max_tokens,
-        reply_to=state.settings.api_id,
+    generation = generation_request(body, completion_prompt(body), request, max_tokens=body.max_tokens)
+    return await respond(get_state(request), request, body, generation, CompletionRenderer)
+
+
+def completion_prompt(body: CompletionRequest) -> Prompt:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise InvalidRequestError(
+                "only one prompt per request is supported; send one request per prompt", param="prompt"
+            )
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return TextPrompt(prompt)
+    return TokenPrompt([int(token) for token in prompt])  # type: ignore[arg-type]
+
+
+def generation_request(
+    body: GenerationFields, prompt: Prompt, request: Request, *, max_tokens: int | None
+) -> GenerationRequest:
+    """The OpenAI body as admission's neutral request; refuses what tailcut does not support."""
+    if body.n != 1:
+        raise InvalidRequestError("n > 1 is not supported; send n requests instead", param="n")
+    if body.logprobs:
+        raise InvalidRequestError("logprobs are not supported by tailcut yet", param="logprobs")
+    header_tier = request.headers.get(TIER_HEADER)
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return GenerationRequest(
+        prompt=prompt,
+        reply_to=get_state(request).settings.api_id,
+        tier=body.tier or header_tier,
+        tier_source="tier" if body.tier else "X-Tailcut-Tier header",
+        tenant=request.headers.get(TENANT_HEADER) or body.user,
+        max_tokens=max_tokens,
+        sampling=SamplingOptions(
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=0 if body.top_k is None or body.top_k < 0 else body.top_k,
+            min_p=body.min_p or 0.0,
+            seed=body.seed,
+            stop=stop,
+            stop_token_ids=list(body.stop_token_ids or []),
+            ignore_eos=body.ignore_eos,
+            min_tokens=body.min_tokens,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            repetition_penalty=body.repetition_penalty or 1.0,
+        ),
     )
-    return await respond(state, request, body, message, CompletionRenderer)
 
 
-async def submit(state: ApiState, message: RequestMessage) -> ReplyStream:
-    """Shed if the tier's queue is full; else register the reply stream, then enqueue: accepted once
-    the XADD returns."""
-    limits = state.settings.shed_limits()
-    waiting = state.backlog.waiting(message.tier)
-    if limits.sheds(message.tier, waiting):
-        state.metrics.shed.labels(message.tier).inc()
-        limit = limits.limit(message.tier)
-        raise OverloadedError(
-            f"the {message.tier} queue is full ({waiting} requests waiting, limit {limit}); retry later",
-            retry_after_s=state.backlog.retry_after_s(message.tier, limit),
-        )
+async def submit(state: ApiState, generation: GenerationRequest) -> tuple[RequestMessage, ReplyStream]:
+    """Admit (or refuse: 400, 404, 429), register the reply stream, then enqueue: accepted once the
+    XADD returns."""
+    try:
+        message = await state.admitter.admit(generation)
+    except OverloadedError as exc:
+        state.metrics.shed.labels(exc.tier).inc()
+        raise
     stream = state.router.open(message.id)
     try:
         await intake.enqueue(state.redis, state.keys, message)
@@ -123,22 +150,22 @@ async def submit(state: ApiState, message: RequestMessage) -> ReplyStream:
         stream.close()
         raise ServiceUnavailableError(f"the request queue (Redis) does not answer: {exc}") from exc
     state.backlog.admitted(message.tier)
-    return stream
+    return message, stream
 
 
 async def respond(
     state: ApiState,
     request: Request,
     body: GenerationFields,
-    message: RequestMessage,
+    generation: GenerationRequest,
     renderer_type: type[Renderer],
 ) -> Response:
+    message, stream = await submit(state, generation)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     renderer = renderer_type(
         message.id, state.model.name, return_token_ids=body.return_token_ids, include_usage=include_usage
     )
-    stream = await submit(state, message)
-    tracker = state.metrics.track(message, state.admission.predictor)
+    tracker = state.metrics.track(message, state.admitter)
     headers = {REQUEST_ID_HEADER: message.id}
     if body.stream:
         return EventStreamResponse(event_stream(state, stream, renderer, tracker), headers=headers)
@@ -147,6 +174,9 @@ async def respond(
     except ClientGone:
         state.spawn(send_cancel(state, message.id))
         return Response(status_code=CLIENT_CLOSED_REQUEST)
+    except TailcutError as exc:
+        # Accepted, then failed (deadline passed, worker error): the id still names it.
+        return error_response(exc, headers=headers)
     finally:
         stream.close()
     return OrjsonResponse(whole, headers=headers)
@@ -181,7 +211,7 @@ async def event_stream(
                 elif event.type == "error":
                     finished = True
                     error = event_error(event)
-                    frames.append(sse(error_body(error.message, error.error_type, code=error.code)))
+                    frames.append(sse(error_body_of(error)))
             if finished:
                 frames.append(DONE)
             if frames:

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tailcut.errors import InvalidRequestError
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -79,3 +81,34 @@ class CompletionRequest(GenerationFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
     suffix: str | None = None
+
+
+class JobRequest(BaseModel):
+    """Body of ``POST /v1/jobs``; unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    logs: str | None = None
+    lines: list[str] | None = None
+    instruction: str = Field(min_length=1)
+    chunk_lines: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(0.0, ge=0, le=2)
+    model: str | None = None
+    tenant: str | None = None
+    ignore_eos: bool = False
+    reduce: bool = False
+
+    def log_lines(self) -> list[str]:
+        """The log as lines; refuses a body with no log, two logs, or nothing but blank lines."""
+        if (self.logs is None) == (self.lines is None):
+            raise InvalidRequestError(
+                "send exactly one of `logs` (the log as text) or `lines` (the log as a list of lines)", param="logs"
+            )
+        if not self.instruction.strip():
+            raise InvalidRequestError("`instruction` is blank; say what to look for in the log", param="instruction")
+        lines = self.logs.splitlines() if self.logs is not None else list(self.lines or [])
+        if not any(line.strip() for line in lines):
+            param = "logs" if self.logs is not None else "lines"
+            raise InvalidRequestError(f"`{param}` holds no text; send the log to analyse", param=param)
+        return lines

@@ -10,12 +10,12 @@ from typing import Any
 import redis.asyncio as aioredis
 from arq.connections import ArqRedis
 
-from api.admission import Admission, ServedModel
+from admission.admitter import Admitter
+from admission.request import ServedModel
+from admission.shedding import Backlog
 from api.metrics import ApiMetrics
 from api.settings import ApiSettings
-from api.shedding import Backlog
-from api.tokenize import PromptTokenizer
-from queues.jobs import JobsSettings
+from jobs.settings import JobsSettings
 from queues.keys import Keys
 from queues.replies import ReplyRouter
 
@@ -27,15 +27,17 @@ class ApiState:
     redis: aioredis.Redis
     pubsub_redis: aioredis.Redis
     router: ReplyRouter
-    tokenizer: PromptTokenizer
-    admission: Admission
-    model: ServedModel
+    admitter: Admitter
     # Batch jobs: their settings and the arq client (JSON serializer) that enqueues and inspects them.
     jobs_settings: JobsSettings
     arq: ArqRedis
     backlog: Backlog
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    @property
+    def model(self) -> ServedModel:
+        return self.admitter.model
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` detached from the request (for example a cancel sent while the request is

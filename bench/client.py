@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import orjson
 
+from admission.config import BucketEdges
 from bench.stats import RequestRecord, Status, tpot_ms
 from bench.workloads import Arrival
 from queues.keys import Bucket
@@ -27,20 +28,13 @@ TENANT_HEADER = "X-Tailcut-Tenant"
 # Prompt token ids come from this range: inside every benchmarked model's vocabulary (the tiny test model
 # has 2,048 ids) and clear of the special tokens at its start.
 PROMPT_ID_LOW, PROMPT_ID_HIGH = 100, 1000
-# api/settings.py defaults: short below 128 tokens, long above 512 (prompt + output).
-SHORT_MAX_TOKENS = 128
-LONG_MIN_TOKENS = 512
 
 
 def client_bucket(prompt_tokens: int, output_tokens: int) -> Bucket:
-    """The client's approximation of ``api.admission.bucket_of``: the server buckets prompt + *predicted*
-    output, which a client cannot see; it uses the requested output (the real one, with ``ignore_eos``)."""
-    num_tokens = prompt_tokens + output_tokens
-    if num_tokens < SHORT_MAX_TOKENS:
-        return "short"
-    if num_tokens > LONG_MIN_TOKENS:
-        return "long"
-    return "medium"
+    """The client's approximation of admission's bucket (default edges): the server buckets prompt +
+    *predicted* output, which a client cannot see; it uses the requested output (the real one, with
+    ``ignore_eos``)."""
+    return BucketEdges().of(prompt_tokens + output_tokens)
 
 
 def prompt_token_ids(index: int, num_tokens: int, *, salt: int = 0) -> list[int]:

@@ -125,7 +125,10 @@ def api_env(config: SimConfig, api: ApiSettings, time_scale: float) -> dict[str,
     """The live API's settings: the virtual run's buckets and shedding bounds (none for fifo, as the
     simulator's fifo), deadlines multiplied by ``time_scale`` so nothing expires that would not on the
     virtual clock."""
-    env = {f"TAILCUT_{tier.upper()}_DEADLINE_S": repr(api.deadline_s(tier) * time_scale) for tier in TIERS}
+    env = {
+        f"TAILCUT_{tier.upper()}_DEADLINE_S": repr(api.admission_config().deadlines.of(tier) * time_scale)
+        for tier in TIERS
+    }
     env |= {
         f"TAILCUT_SHED_{tier.upper()}_WAITING": str(config.shed.limit(tier) if config.shed else 0) for tier in TIERS
     }

@@ -12,7 +12,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-from api.predictor import TIER_PRIOR_TOKENS, OutputLengthPredictor
+from admission.predictor import TIER_PRIOR_TOKENS, OutputLengthPredictor
 from queues.keys import Tier
 
 # seed-mix: (share, tier, prompt tokens range, output tokens range)

@@ -1,5 +1,5 @@
-"""What the API and the job runner agree on about a batch job: settings, request body, arq payload
-and serializer, chunking and prompts, and the job's progress record in Redis.
+"""The Redis contract of batch jobs, between the API and the jobs process (``jobs/``): the arq payload
+and serializer, chunking, chunk answers, and the job's progress record in Redis.
 
 Decisions:
 
@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import socket
 import time
-import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
@@ -29,12 +26,10 @@ from typing import Any, Literal, TypeVar, cast
 import orjson
 import redis.asyncio as aioredis
 from arq.connections import ArqRedis
-from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import ConnectionPool
 
 from queues.keys import Keys
-from tailcut.errors import InvalidRequestError, JobFailedError
-from tailcut.settings import CommonSettings
+from tailcut.errors import JobFailedError
 
 # Name of the arq job function (registered by the jobs process, enqueued by the API).
 JOB_FUNCTION = "analyze_logs"
@@ -44,69 +39,6 @@ ARQ_START_WINDOW_S = 86_400
 
 JobStatus = Literal["queued", "running", "complete", "failed", "aborted"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"complete", "failed", "aborted"})
-
-SYSTEM_PROMPT = (
-    "You analyse application logs. Follow the instruction for the log excerpt you are given, briefly, "
-    "using only what the excerpt shows."
-)
-
-
-def default_runner_id() -> str:
-    return f"jobs-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-class JobsSettings(CommonSettings):
-    """Batch jobs: read by the API (defaults and limits of ``POST /v1/jobs``) and by ``tailcut jobs``."""
-
-    jobs_runner_id: str = Field(default_factory=default_runner_id, description="Names a jobs process's reply channel.")
-    jobs_max_concurrent: int = Field(4, ge=1, le=1000, description="Jobs one `tailcut jobs` process runs at once.")
-    jobs_max_in_flight: int = Field(
-        8, ge=1, le=1024, description="Chunk requests one job keeps queued or running at once."
-    )
-    jobs_chunk_lines: int = Field(50, ge=1, description="Log lines per chunk when a job names none.")
-    jobs_max_tokens: int = Field(256, ge=1, description="Answer length per chunk (tokens) when a job names none.")
-    jobs_max_chunks: int = Field(10_000, ge=1, description="Most chunks one job may have.")
-    jobs_timeout_s: float = Field(
-        6 * 3600.0, gt=0, description="Longest a job may run; also how long a killed jobs process holds its jobs."
-    )
-    jobs_result_ttl_s: int = Field(86_400, ge=60, description="How long a finished job's status and result are kept.")
-    jobs_abort_wait_s: float = Field(
-        5.0, ge=0, le=60, description="How long `DELETE /v1/jobs/{id}` waits for the job to stop."
-    )
-    jobs_poll_delay_s: float = Field(
-        0.5, gt=0, le=10, description="How often a jobs process looks for new jobs and aborts."
-    )
-
-
-class JobRequest(BaseModel):
-    """Body of ``POST /v1/jobs``; unknown fields are ignored."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    logs: str | None = None
-    lines: list[str] | None = None
-    instruction: str = Field(min_length=1)
-    chunk_lines: int | None = Field(None, ge=1)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(0.0, ge=0, le=2)
-    model: str | None = None
-    tenant: str | None = None
-    ignore_eos: bool = False
-    reduce: bool = False
-
-    def log_lines(self) -> list[str]:
-        """The log as lines; refuses a body with no log, two logs, or nothing but blank lines."""
-        if (self.logs is None) == (self.lines is None):
-            raise InvalidRequestError(
-                "send exactly one of `logs` (the log as text) or `lines` (the log as a list of lines)", param="logs"
-            )
-        if not self.instruction.strip():
-            raise InvalidRequestError("`instruction` is blank; say what to look for in the log", param="instruction")
-        lines = self.logs.splitlines() if self.logs is not None else list(self.lines or [])
-        if not any(line.strip() for line in lines):
-            param = "logs" if self.logs is not None else "lines"
-            raise InvalidRequestError(f"`{param}` holds no text; send the log to analyse", param=param)
-        return lines
 
 
 @dataclass(slots=True)
@@ -154,24 +86,6 @@ def split_chunks(lines: list[str], chunk_lines: int) -> list[Chunk]:
         Chunk(index=number, first_line=start + 1, lines=lines[start : start + chunk_lines])
         for number, start in enumerate(range(0, len(lines), chunk_lines))
     ]
-
-
-def chunk_messages(instruction: str, chunk: Chunk, num_chunks: int) -> list[dict[str, str]]:
-    excerpt = "\n".join(chunk.lines)
-    user = (
-        f"{instruction}\n\nLog lines {chunk.first_line}-{chunk.last_line} "
-        f"(part {chunk.index + 1} of {num_chunks}):\n{excerpt}"
-    )
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
-
-
-def reduce_messages(instruction: str, answers: list[str]) -> list[dict[str, str]]:
-    parts = "\n\n".join(f"Part {number}:\n{answer}" for number, answer in enumerate(answers, start=1))
-    user = (
-        f"{instruction}\n\nThe log was analysed in {len(answers)} consecutive parts; their answers follow. "
-        f"Combine them into one answer for the whole log.\n\n{parts}"
-    )
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
 @dataclass(slots=True)

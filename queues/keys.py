@@ -17,6 +17,8 @@ BUCKETS: tuple[Bucket, ...] = ("short", "medium", "long")
 
 # Consumer group every worker joins on every intake stream; one group means each entry runs once.
 WORKER_GROUP = "workers"
+# A worker counts as alive for this many of its heartbeat intervals after a beat.
+WORKER_ALIVE_BEATS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +54,8 @@ class Keys:
 
     @property
     def workers(self) -> str:
-        # Sorted set of live workers scored by their last heartbeat (epoch seconds): readiness.
+        # Sorted set of live workers, each scored by the time (epoch seconds) until which its last
+        # heartbeat vouches for it (``WORKER_ALIVE_BEATS`` of its own beats): readiness.
         return f"{self.prefix}workers"
 
     @property

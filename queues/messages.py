@@ -18,11 +18,11 @@ EventType = Literal["chunk", "degraded", "final", "error"]
 TERMINAL_EVENTS: frozenset[str] = frozenset({"final", "error"})
 
 
-@dataclass(slots=True)
-class SamplingSpec:
-    """Engine-neutral sampling parameters (the OpenAI fields plus the vLLM extensions clients send)."""
+@dataclass(slots=True, kw_only=True)
+class SamplingOptions:
+    """Engine-neutral sampling parameters (the OpenAI fields plus the vLLM extensions clients send),
+    all but the output length."""
 
-    max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -35,6 +35,18 @@ class SamplingSpec:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+
+
+@dataclass(slots=True, kw_only=True)
+class SamplingSpec(SamplingOptions):
+    """Sampling parameters with the output length settled at admission."""
+
+    max_tokens: int
+
+    @classmethod
+    def of(cls, options: SamplingOptions, *, max_tokens: int) -> SamplingSpec:
+        values = {item.name: getattr(options, item.name) for item in dataclasses.fields(SamplingOptions)}
+        return cls(**values, max_tokens=max_tokens)
 
 
 @dataclass(slots=True)

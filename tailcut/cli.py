@@ -30,7 +30,7 @@ def cmd_api(args: argparse.Namespace) -> None:
 
     from api.app import create_app
     from api.settings import ApiSettings
-    from queues.jobs import JobsSettings
+    from jobs.settings import JobsSettings
 
     settings = ApiSettings(**_overrides(args, ["host", "port", "model", "redis_url"]))  # type: ignore[arg-type]
     jobs_settings = JobsSettings(**_overrides(args, ["model", "redis_url"]))  # type: ignore[arg-type]

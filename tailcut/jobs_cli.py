@@ -59,16 +59,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_jobs(args: argparse.Namespace) -> None:
-    from api.settings import ApiSettings
-    from queues.jobs import JobsSettings
-    from workers.jobs_main import serve
+    from jobs.main import serve
+    from jobs.settings import JobsSettings
 
     overrides = {name: getattr(args, name) for name in ("model", "redis_url") if getattr(args, name, None)}
     settings = JobsSettings(**overrides)
-    # The API's admission settings (buckets, deadlines): chunks are admitted as the API would.
-    admission_settings = ApiSettings(**overrides)
     logs.configure(settings.log_format)
-    asyncio.run(serve(settings, admission_settings))
+    asyncio.run(serve(settings))
 
 
 class ApiClient:

@@ -47,3 +47,12 @@ class CommonSettings(BaseSettings):
         if not value.endswith(":"):
             raise ValueError(f"key_prefix {value!r} must end with ':' (for example 'tc:')")
         return value
+
+
+class ReplySettings(CommonSettings):
+    """Settings of a process that reads its requests' replies and may cancel them (the API, ``tailcut jobs``)."""
+
+    reply_poll_max_s: float = Field(
+        5.0, gt=0, le=60, description="Longest silence before a stream re-reads its output from Redis."
+    )
+    cancel_ttl_s: int = Field(3600, ge=10, description="How long a cancel tombstone is kept.")

@@ -18,14 +18,17 @@ import uvicorn
 from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix, result_key_prefix, retry_key_prefix
 from redis.exceptions import RedisError
 
+from admission.settings import AdmissionSettings
 from api.app import create_app
 from api.settings import ApiSettings
+from jobs.arq_worker import build_worker, close_worker, run_worker
+from jobs.runner import JobRunner
+from jobs.settings import JobsSettings
 from queues.connection import connect, connect_blocking
-from queues.jobs import JobsSettings, connect_arq
+from queues.jobs import connect_arq
 from queues.keys import Keys
 from tailcut.processes import RedisServer, private_redis
 from workers.engines.base import Engine
-from workers.jobs import JobRunner, build_worker, close_worker, run_worker
 from workers.settings import WorkerSettings
 from workers.worker import Worker
 
@@ -135,15 +138,12 @@ async def _no_workers() -> AsyncIterator[list[Worker]]:
 @contextlib.asynccontextmanager
 async def running_jobs(stack: Stack, model_dir: Path, **overrides: object) -> AsyncIterator[JobRunner]:
     """A jobs process in the test's event loop: the job runner and its arq worker, on the stack's Redis
-    and key prefix, admitting chunks with the stack API's settings. Yields the runner."""
+    and key prefix, admitting chunks with the stack API's admission settings. Yields the runner."""
+    admission = stack.api_settings.model_dump(include=set(AdmissionSettings.model_fields))
     settings = JobsSettings(
-        redis_url=stack.api_settings.redis_url,
-        key_prefix=stack.keys.prefix,
-        model=str(model_dir),
-        max_model_len=stack.api_settings.max_model_len,
-        **{"jobs_poll_delay_s": 0.05, "jobs_result_ttl_s": 600, **overrides},  # type: ignore[arg-type]
+        **{**admission, "model": str(model_dir), "jobs_poll_delay_s": 0.05, "jobs_result_ttl_s": 600, **overrides}
     )
-    runner = await JobRunner.open(settings, stack.api_settings, model_dir)
+    runner = await JobRunner.open(settings, model_dir)
     pool = connect_arq(settings.redis_url, queue_name=runner.keys.arq_queue, timeout_s=5.0)
     worker = build_worker(runner, pool, handle_signals=False)
     task = asyncio.create_task(run_worker(worker))

@@ -13,8 +13,9 @@ import httpx
 import orjson
 import pytest
 
-from api.tokenize import PromptTokenizer
-from queues.jobs import chunk_messages, split_chunks
+from admission.tokenizer import PromptTokenizer
+from jobs.prompts import chunk_messages
+from queues.jobs import split_chunks
 from queues.messages import SamplingSpec
 from queues.output import read_output
 from tests.conftest import TEST_MAX_MODEL_LEN

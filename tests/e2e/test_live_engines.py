@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.tokenize import PromptTokenizer
+from admission.tokenizer import PromptTokenizer
 from tests.sse import DONE, finish_reasons, stream_events, streamed_token_ids
 from tests.stack import running_stack
 from workers.engines.factory import start_engine

@@ -9,7 +9,7 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
-from api.shedding import Backlog, ShedLimits
+from admission.shedding import Backlog, ShedLimits
 from queues import intake
 from queues.connection import check_redis, connect, connect_blocking
 from queues.keys import Keys

@@ -173,9 +173,10 @@ def test_the_live_api_scales_the_deadlines_and_sheds_only_for_tailcut(monkeypatc
         for name, value in live.api_env(config, api, 8.0).items():
             monkeypatch.setenv(name, value)
         scaled = ApiSettings()
+        deadlines, scaled_deadlines = api.admission_config().deadlines, scaled.admission_config().deadlines
         for tier in TIERS:
-            assert scaled.deadline_s(tier) == pytest.approx(api.deadline_s(tier) * 8)
-        limits = scaled.shed_limits()
+            assert scaled_deadlines.of(tier) == pytest.approx(deadlines.of(tier) * 8)
+        limits = scaled.admission_config().shed
         assert (limits.realtime, limits.normal, limits.background) == (
             (config.shed.realtime, config.shed.normal, config.shed.background) if shed and config.shed else (0, 0, 0)
         )

@@ -1,4 +1,4 @@
-"""Pure units: key names, message round trips, bucketing, settings validation, error bodies."""
+"""Pure units: key names, message round trips, settings validation, error bodies."""
 
 from __future__ import annotations
 
@@ -7,10 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from api.admission import bucket_of
 from api.errors import _describe_validation
 from api.render import ChatRenderer, CompletionRenderer
-from api.settings import ApiSettings
 from queues.keys import Keys
 from queues.messages import OutputEvent, RequestMessage, SamplingSpec, dumps_events, loads_events
 from tailcut.errors import ConfigError
@@ -61,18 +59,6 @@ def test_output_events_survive_a_batch_round_trip() -> None:
     ]
     assert loads_events(dumps_events(events)) == events
     assert [event.terminal for event in events] == [False, True]
-
-
-@pytest.mark.parametrize(
-    ("num_tokens", "bucket"), [(1, "short"), (127, "short"), (128, "medium"), (512, "medium"), (513, "long")]
-)
-def test_bucket_edges(num_tokens: int, bucket: str) -> None:
-    assert bucket_of(num_tokens, ApiSettings()) == bucket
-
-
-def test_bucket_thresholds_must_leave_room_for_medium() -> None:
-    with pytest.raises(ValidationError, match="must be below long_min_tokens"):
-        ApiSettings(short_max_tokens=600, long_min_tokens=512)
 
 
 def test_key_prefix_must_end_with_a_colon() -> None:

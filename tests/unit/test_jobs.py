@@ -10,20 +10,14 @@ import pytest
 from arq.jobs import deserialize_result, serialize_job, serialize_result
 from pydantic import ValidationError
 
-from queues.jobs import (
-    Answer,
-    JobRequest,
-    JobSpec,
-    JobsSettings,
-    chunk_messages,
-    dumps_job,
-    loads_job,
-    split_chunks,
-)
+from api.schemas import JobRequest
+from jobs.prompts import chunk_messages
+from jobs.runner import aggregate
+from jobs.settings import JobsSettings
+from queues.jobs import Answer, JobSpec, dumps_job, loads_job, split_chunks
 from queues.keys import Keys
 from tailcut.cli import build_parser
 from tailcut.errors import InvalidRequestError, JobFailedError
-from workers.jobs import aggregate
 
 
 def test_job_keys_live_under_the_prefix() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import orjson
 
-from api.predictor import TIER_PRIOR_TOKENS, OutputLengthPredictor
+from admission.predictor import TIER_PRIOR_TOKENS, OutputLengthPredictor
 from tailcut.cli import main
 
 

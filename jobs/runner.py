@@ -1,10 +1,10 @@
 """Batch log analysis as an arq job: fan a log's chunks out as background-tier requests, gather the answers.
 
 A job's chunks go through the same intake streams and GPU workers as every other request, tier
-``background``, admitted with the API's own rules (``api.admission.Admission``: tokens, bucket,
-predicted output, deadline). The jobs process owns one ``ReplyRouter`` (reply channel
-``tc:reply:{jobs_runner_id}``) shared by all its jobs; each job keeps at most ``jobs_max_in_flight``
-requests queued or running.
+``background``, admitted by the same ``admission.admitter.Admitter`` as the API's requests (tokens,
+bucket, predicted output, deadline), which learns their real lengths as they finish. The jobs process
+owns one ``ReplyRouter`` (reply channel ``tc:reply:{jobs_runner_id}``) shared by all its jobs; each job
+keeps at most ``jobs_max_in_flight`` requests queued or running.
 
 Stopping: arq cancels the job's task, both for ``DELETE /v1/jobs/{id}`` (arq abort) and when the jobs
 process stops. Either way the runner cancels every request it has in flight (the worker aborts them in
@@ -22,40 +22,24 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
-from arq.connections import ArqRedis
-from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
-from api.admission import Admission, ServedModel
-from api.predictor import OutputLengthPredictor
-from api.schemas import ChatCompletionRequest, ChatMessage
-from api.settings import ApiSettings
-from api.tokenize import PromptTokenizer
+from admission.admitter import Admitter
+from admission.request import ChatPrompt, GenerationRequest, ServedModel
+from admission.tokenizer import PromptTokenizer
+from jobs.prompts import chunk_messages, reduce_messages
+from jobs.settings import JobsSettings
 from queues import intake, output
 from queues.connection import connect, connect_blocking
-from queues.jobs import (
-    ARQ_START_WINDOW_S,
-    JOB_FUNCTION,
-    Answer,
-    Chunk,
-    JobSpec,
-    JobsSettings,
-    JobStore,
-    chunk_messages,
-    reduce_messages,
-)
+from queues.jobs import ARQ_START_WINDOW_S, Answer, Chunk, JobSpec, JobStore
 from queues.keys import Keys
+from queues.messages import SamplingOptions
 from queues.replies import ReplyRouter
 from tailcut.errors import InvalidRequestError, JobFailedError
 from tailcut.logs import log_event
-from tailcut.models import max_model_len, served_name
 
 log = logging.getLogger("tailcut.jobs")
 
-# Key of the runner in arq's per-worker ``ctx``.
-RUNNER_CTX_KEY = "tailcut_runner"
-# A job whose jobs process keeps stopping under it is run at most this many times.
-JOB_MAX_TRIES = 5
 # How long start-up waits for the reply-channel subscription.
 SUBSCRIBE_WAIT_S = 5.0
 # Rounds of shortening the chunk answers until the combining prompt fits the context.
@@ -68,34 +52,31 @@ class JobRunner:
     def __init__(
         self,
         settings: JobsSettings,
-        admission_settings: ApiSettings,
         *,
         redis: aioredis.Redis,
         pubsub_redis: aioredis.Redis,
         router: ReplyRouter,
-        tokenizer: PromptTokenizer,
-        model: ServedModel,
+        admitter: Admitter,
     ) -> None:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         self.redis = redis
         self._pubsub_redis = pubsub_redis
         self.router = router
-        self._tokenizer = tokenizer
-        self.model = model
+        self.admitter = admitter
         self.store = JobStore(redis, self.keys)
-        self._admission = Admission(admission_settings, tokenizer, model, OutputLengthPredictor())
-        self._cancel_ttl_s = admission_settings.cancel_ttl_s
+
+    @property
+    def model(self) -> ServedModel:
+        return self.admitter.model
 
     @classmethod
-    async def open(cls, settings: JobsSettings, admission_settings: ApiSettings, model_dir: Path) -> JobRunner:
-        """Connect, subscribe the reply channel and load the tokenizer. ``admission_settings`` are the
-        API's (the same ``TAILCUT_*`` variables), so a chunk lands in the bucket the API would choose."""
-        tokenizer = PromptTokenizer(model_dir, num_threads=admission_settings.tokenizer_threads)
-        model = ServedModel(
-            name=served_name(model_dir, settings.served_model_name),
-            max_model_len=settings.max_model_len or max_model_len(model_dir),
-        )
+    async def open(cls, settings: JobsSettings, model_dir: Path) -> JobRunner:
+        """Connect, subscribe the reply channel and load the tokenizer. Chunk requests are admitted with
+        the admission settings in ``settings`` (the same ``TAILCUT_*`` variables the API reads). Nothing
+        here sheds: a job's requests wait their turn in the background tier."""
+        tokenizer = PromptTokenizer(model_dir, num_threads=settings.tokenizer_threads)
+        admitter = Admitter(settings.admission_config(), ServedModel.of(model_dir, settings), tokenizer=tokenizer)
         redis = connect(settings.redis_url, timeout_s=settings.redis_timeout_s)
         pubsub_redis = connect_blocking(settings.redis_url, block_s=1.0, connect_timeout_s=settings.redis_timeout_s)
         router = ReplyRouter(
@@ -103,24 +84,17 @@ class JobRunner:
             pubsub_redis,
             Keys(settings.key_prefix),
             settings.jobs_runner_id,
-            poll_max_s=admission_settings.reply_poll_max_s,
+            poll_max_s=settings.reply_poll_max_s,
         )
         await router.start(wait_s=SUBSCRIBE_WAIT_S)
-        return cls(
-            settings,
-            admission_settings,
-            redis=redis,
-            pubsub_redis=pubsub_redis,
-            router=router,
-            tokenizer=tokenizer,
-            model=model,
-        )
+        return cls(settings, redis=redis, pubsub_redis=pubsub_redis, router=router, admitter=admitter)
 
     async def close(self) -> None:
         await self.router.stop()
         await self._pubsub_redis.aclose()
         await self.redis.aclose()
-        self._tokenizer.close()
+        if self.admitter.tokenizer is not None:
+            self.admitter.tokenizer.close()
 
     @property
     def _progress_ttl_s(self) -> int:
@@ -191,22 +165,16 @@ class JobRunner:
         The request id stays in ``in_flight`` unless the request reaches its terminal event, so a
         cancelled job knows what to cancel.
         """
-        body = ChatCompletionRequest(
-            messages=[ChatMessage(role=m["role"], content=m["content"]) for m in messages],
+        request = GenerationRequest(
+            prompt=ChatPrompt(messages),
+            reply_to=self.settings.jobs_runner_id,
+            tier="background",
+            tenant=spec.tenant,
             max_tokens=spec.max_tokens,
-            temperature=spec.temperature,
-            ignore_eos=spec.ignore_eos,
+            sampling=SamplingOptions(temperature=spec.temperature, ignore_eos=spec.ignore_eos),
         )
         try:
-            prompt = await self._admission.chat_prompt(body)
-            message = self._admission.build(
-                body,
-                prompt,
-                tier="background",
-                tenant_header=spec.tenant,
-                requested_max_tokens=spec.max_tokens,
-                reply_to=self.settings.jobs_runner_id,
-            )
+            message = await self.admitter.admit(request)
         except InvalidRequestError as exc:
             return Answer(error_code=exc.code or "invalid_request", error_message=exc.message)
         stream = self.router.open(message.id)
@@ -219,6 +187,7 @@ class JobRunner:
                 if event.type == "chunk":
                     texts.append(event.text)
                 elif event.type == "final":
+                    self.admitter.observe(message, event.completion_tokens or 0)
                     answer = Answer(
                         text="".join(texts),
                         finish_reason=event.finish_reason,
@@ -229,7 +198,7 @@ class JobRunner:
                 elif event.type == "error":
                     answer = Answer(
                         text="".join(texts),
-                        prompt_tokens=len(prompt),
+                        prompt_tokens=len(message.prompt_token_ids),
                         error_code=event.error_code or "error",
                         error_message=event.error_message,
                     )
@@ -249,7 +218,7 @@ class JobRunner:
         fits = False
         for _ in range(MAX_FIT_ROUNDS):
             shown = [text if limit is None else text[:limit] for text in texts]
-            num_tokens = len(await self._tokenizer.encode_chat(reduce_messages(spec.instruction, shown)))
+            num_tokens = len(await self.admitter.prompt_ids(ChatPrompt(reduce_messages(spec.instruction, shown))))
             if num_tokens <= budget:
                 fits = True
                 break
@@ -276,7 +245,7 @@ class JobRunner:
         if not request_ids:
             return
         results = await asyncio.gather(
-            *(output.cancel(self.redis, self.keys, rid, ttl_s=self._cancel_ttl_s) for rid in request_ids),
+            *(output.cancel(self.redis, self.keys, rid, ttl_s=self.settings.cancel_ttl_s) for rid in request_ids),
             return_exceptions=True,
         )
         failed = [result for result in results if isinstance(result, BaseException)]
@@ -326,52 +295,3 @@ def _describe(exc: BaseException) -> str:
 
 def _ms_since(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
-
-
-async def analyze_logs(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
-    """The arq job function."""
-    runner: JobRunner = ctx[RUNNER_CTX_KEY]
-    return await runner.run(ctx["job_id"], JobSpec.from_payload(payload), attempt=int(ctx.get("job_try", 1)))
-
-
-def build_worker(runner: JobRunner, pool: ArqRedis, *, handle_signals: bool) -> Worker:
-    """The arq worker of a jobs process. Results are never logged (they quote the logs)."""
-    settings = runner.settings
-    return Worker(
-        functions=[func(analyze_logs, name=JOB_FUNCTION, max_tries=JOB_MAX_TRIES)],
-        queue_name=runner.keys.arq_queue,
-        redis_pool=pool,
-        handle_signals=handle_signals,
-        max_jobs=settings.jobs_max_concurrent,
-        job_timeout=settings.jobs_timeout_s,
-        keep_result=settings.jobs_result_ttl_s,
-        poll_delay=settings.jobs_poll_delay_s,
-        allow_abort_jobs=True,
-        job_serializer=pool.job_serializer,
-        job_deserializer=pool.job_deserializer,
-        ctx={RUNNER_CTX_KEY: runner},
-        log_results=False,
-    )
-
-
-async def run_worker(worker: Worker) -> None:
-    """Run the arq worker until it is stopped; arq stops by cancelling its own main task."""
-    try:
-        await worker.async_run()
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-
-
-async def close_worker(worker: Worker, pool: ArqRedis) -> None:
-    """Stop the arq worker: cancel its running jobs (each cancels its requests and goes back to the
-    queue) and close the pool. Does what ``Worker.close()`` does, with redis-py's ``aclose``."""
-    for task in worker.tasks.values():
-        task.cancel()
-    if worker.main_task is not None:
-        worker.main_task.cancel()
-    await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
-    with contextlib.suppress(RedisError):
-        await pool.delete(worker.health_check_key)
-    await pool.aclose(close_connection_pool=True)

@@ -11,12 +11,13 @@ import asyncio
 import logging
 import signal
 
-from api.settings import ApiSettings
+from jobs.arq_worker import build_worker, close_worker, run_worker
+from jobs.runner import JobRunner
+from jobs.settings import JobsSettings
 from queues.connection import check_redis
-from queues.jobs import JobsSettings, connect_arq
+from queues.jobs import connect_arq
 from tailcut.logs import log_event
 from tailcut.models import resolve_model
-from workers.jobs import JobRunner, build_worker, close_worker, run_worker
 
 log = logging.getLogger("tailcut.jobs")
 
@@ -25,9 +26,9 @@ log = logging.getLogger("tailcut.jobs")
 ARQ_REDIS_TIMEOUT_S = 10.0
 
 
-async def serve(settings: JobsSettings, admission_settings: ApiSettings) -> None:
+async def serve(settings: JobsSettings) -> None:
     model_dir = resolve_model(settings.model, settings.cache_dir, progress=lambda line: log_event(log, line))
-    runner = await JobRunner.open(settings, admission_settings, model_dir)
+    runner = await JobRunner.open(settings, model_dir)
     try:
         await check_redis(runner.redis)
         pool = connect_arq(settings.redis_url, queue_name=runner.keys.arq_queue, timeout_s=ARQ_REDIS_TIMEOUT_S)
@@ -49,16 +50,3 @@ async def serve(settings: JobsSettings, admission_settings: ApiSettings) -> None
             log_event(log, "jobs_stopped", runner=settings.jobs_runner_id)
     finally:
         await runner.close()
-
-
-def main() -> None:
-    """``python -m workers.jobs_main`` runs the same as ``tailcut jobs``."""
-    import sys
-
-    from tailcut.cli import main as cli_main
-
-    cli_main(["jobs", *sys.argv[1:]])
-
-
-if __name__ == "__main__":
-    main()

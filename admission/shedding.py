@@ -4,8 +4,9 @@ Under overload a queue that only grows serves nobody well: every request in it w
 one before, and the realtime tier's deadline passes while it queues. So each tier has a bound on the
 requests waiting for a worker, and a request arriving past it is refused with ``Retry-After``. The
 bounds are smallest for background and largest for realtime, so overload sheds background first; the
-engine's time goes to the tiers whose SLOs can still be met. The simulator applies the same rule
-(``bench.simrun``), so ``tailcut bench policies`` measures what this does at 120% load.
+engine's time goes to the tiers whose SLOs can still be met. The rule is applied by
+``admission.admitter.Admitter`` against a ``QueueDepth``: the API's is ``Backlog`` below, the
+simulator's counts its own queue, so ``tailcut bench policies`` measures what this does at 120% load.
 
 "Waiting" is the intake streams' lag (entries no worker has read yet), polled every
 ``shed_probe_interval_s``, plus the requests this process admitted since the last poll, so a burst
@@ -26,6 +27,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -34,7 +36,7 @@ from queues import intake
 from queues.keys import BUCKETS, TIERS, Keys, Tier
 from tailcut.logs import log_event
 
-log = logging.getLogger("tailcut.api")
+log = logging.getLogger("tailcut.admission")
 
 RETRY_AFTER_MAX_S = 30
 # Weight of the newest probe in the drain-rate average (about the last two seconds at 10 probes/s).
@@ -53,13 +55,27 @@ class ShedLimits:
         limits: dict[Tier, int] = {"realtime": self.realtime, "normal": self.normal, "background": self.background}
         return limits[tier]
 
+    @classmethod
+    def never(cls) -> ShedLimits:
+        """No tier is ever shed (the baselines: a plain engine server queues everything)."""
+        return cls(realtime=0, normal=0, background=0)
+
     def sheds(self, tier: Tier, num_waiting: int) -> bool:
         limit = self.limit(tier)
         return limit > 0 and num_waiting >= limit
 
 
+class QueueDepth(Protocol):
+    """What the shedding rule reads: requests of a tier waiting now, and when to come back."""
+
+    def waiting(self, tier: Tier) -> int: ...
+
+    def retry_after_s(self, tier: Tier, limit: int) -> int: ...
+
+
 class Backlog:
-    """Requests waiting per tier, as the shedding rule reads them (see the module docstring)."""
+    """Requests waiting per tier in the intake streams, as the shedding rule reads them (see the
+    module docstring). Reads Redis, never writes it."""
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, *, interval_s: float) -> None:
         self._redis = redis

@@ -1,0 +1,68 @@
+"""The arq side of a jobs process: the job function, and the arq worker that runs it (JSON serializer)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from arq.connections import ArqRedis
+from arq.worker import Worker, func
+from redis.exceptions import RedisError
+
+from jobs.runner import JobRunner
+from queues.jobs import JOB_FUNCTION, JobSpec
+
+# Key of the runner in arq's per-worker ``ctx``.
+RUNNER_CTX_KEY = "tailcut_runner"
+# A job whose jobs process keeps stopping under it is run at most this many times.
+JOB_MAX_TRIES = 5
+
+
+async def analyze_logs(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    """The arq job function."""
+    runner: JobRunner = ctx[RUNNER_CTX_KEY]
+    return await runner.run(ctx["job_id"], JobSpec.from_payload(payload), attempt=int(ctx.get("job_try", 1)))
+
+
+def build_worker(runner: JobRunner, pool: ArqRedis, *, handle_signals: bool) -> Worker:
+    """The arq worker of a jobs process. Results are never logged (they quote the logs)."""
+    settings = runner.settings
+    return Worker(
+        functions=[func(analyze_logs, name=JOB_FUNCTION, max_tries=JOB_MAX_TRIES)],
+        queue_name=runner.keys.arq_queue,
+        redis_pool=pool,
+        handle_signals=handle_signals,
+        max_jobs=settings.jobs_max_concurrent,
+        job_timeout=settings.jobs_timeout_s,
+        keep_result=settings.jobs_result_ttl_s,
+        poll_delay=settings.jobs_poll_delay_s,
+        allow_abort_jobs=True,
+        job_serializer=pool.job_serializer,
+        job_deserializer=pool.job_deserializer,
+        ctx={RUNNER_CTX_KEY: runner},
+        log_results=False,
+    )
+
+
+async def run_worker(worker: Worker) -> None:
+    """Run the arq worker until it is stopped; arq stops by cancelling its own main task."""
+    try:
+        await worker.async_run()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+
+
+async def close_worker(worker: Worker, pool: ArqRedis) -> None:
+    """Stop the arq worker: cancel its running jobs (each cancels its requests and goes back to the
+    queue) and close the pool. Does what ``Worker.close()`` does, with redis-py's ``aclose``."""
+    for task in worker.tasks.values():
+        task.cancel()
+    if worker.main_task is not None:
+        worker.main_task.cancel()
+    await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
+    with contextlib.suppress(RedisError):
+        await pool.delete(worker.health_check_key)
+    await pool.aclose(close_connection_pool=True)

@@ -1,0 +1,118 @@
+"""The one admission path (pure parts): buckets, tiers, context length, shedding, learning (no Redis)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from admission.admitter import Admitter
+from admission.config import AdmissionConfig, BucketEdges
+from admission.request import ChatPrompt, GenerationRequest, ServedModel, TokenPrompt
+from admission.settings import AdmissionSettings
+from admission.shedding import ShedLimits
+from queues.keys import Tier
+from queues.messages import SamplingOptions
+from tailcut.errors import InvalidRequestError, ModelNotFoundError, OverloadedError
+
+
+class Depth:
+    """A fixed queue depth per tier (the API reads it from Redis, the simulator from its queue)."""
+
+    def __init__(self, **waiting: int) -> None:
+        self._waiting = waiting
+
+    def waiting(self, tier: Tier) -> int:
+        return self._waiting.get(tier, 0)
+
+    def retry_after_s(self, tier: Tier, limit: int) -> int:
+        return 7
+
+
+def admitter(*, context: int = 1000, depth: Depth | None = None, shed: ShedLimits | None = None) -> Admitter:
+    config = AdmissionConfig(shed=shed or ShedLimits())
+    return Admitter(config, ServedModel("m", context), queue_depth=depth)
+
+
+def tokens(count: int, **fields: object) -> GenerationRequest:
+    return GenerationRequest(prompt=TokenPrompt(list(range(count))), reply_to="api-1", **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "bucket"), [(1, "short"), (127, "short"), (128, "medium"), (512, "medium"), (513, "long")]
+)
+def test_bucket_edges(num_tokens: int, bucket: str) -> None:
+    assert BucketEdges().of(num_tokens) == bucket
+
+
+def test_bucket_thresholds_must_leave_room_for_medium() -> None:
+    with pytest.raises(ValidationError, match="must be below long_min_tokens"):
+        AdmissionSettings(short_max_tokens=600, long_min_tokens=512)
+
+
+def test_a_message_carries_tier_tenant_bucket_deadline_and_sampling() -> None:
+    message = admitter().admit_tokens(
+        tokens(100, tier="realtime", tenant="acme", max_tokens=20, sampling=SamplingOptions(temperature=0.0)),
+        request_id="r1",
+        at_ms=1_000,
+    )
+    assert (message.id, message.tier, message.tenant, message.reply_to) == ("r1", "realtime", "acme", "api-1")
+    # 100 prompt tokens + a prediction of at most max_tokens (20): short stays below 128.
+    assert message.predicted_output_tokens == 20 and message.bucket == "short"
+    assert (message.enqueued_at_ms, message.deadline_ms) == (1_000, 6_000)
+    assert (message.sampling.max_tokens, message.sampling.temperature) == (20, 0.0)
+
+
+def test_no_tier_means_the_default_and_an_unknown_one_is_refused_by_name() -> None:
+    assert admitter().admit_tokens(tokens(5)).tier == "normal"
+    with pytest.raises(InvalidRequestError, match="unknown tier 'gold' in X-Tailcut-Tier header") as caught:
+        admitter().admit_tokens(tokens(5, tier="gold", tier_source="X-Tailcut-Tier header"))
+    assert caught.value.param == "tier"
+
+
+def test_the_context_length_bounds_prompt_plus_output() -> None:
+    # No max_tokens: whatever the context leaves.
+    assert admitter(context=100).admit_tokens(tokens(60)).sampling.max_tokens == 40
+    with pytest.raises(InvalidRequestError, match="you requested 110 tokens") as caught:
+        admitter(context=100).admit_tokens(tokens(60, max_tokens=50))
+    assert (caught.value.code, caught.value.param) == ("context_length_exceeded", "max_tokens")
+    with pytest.raises(InvalidRequestError, match="your prompt has 100") as caught:
+        admitter(context=100).admit_tokens(tokens(100))
+    assert caught.value.param == "prompt"
+
+
+def test_min_tokens_never_exceeds_max_tokens() -> None:
+    message = admitter().admit_tokens(tokens(5, max_tokens=8, sampling=SamplingOptions(min_tokens=50)))
+    assert message.sampling.min_tokens == 8
+
+
+def test_a_full_tier_is_shed_with_its_retry_after_and_others_are_not() -> None:
+    full = admitter(depth=Depth(background=64))
+    with pytest.raises(OverloadedError) as caught:
+        full.admit_tokens(tokens(5, tier="background"))
+    assert (caught.value.tier, caught.value.retry_after_s) == ("background", 7)
+    assert full.admit_tokens(tokens(5, tier="realtime")).tier == "realtime"
+    # 0 turns shedding off.
+    assert admitter(depth=Depth(background=10_000), shed=ShedLimits.never()).admit_tokens(tokens(5, tier="background"))
+
+
+def test_observing_real_lengths_moves_the_prediction() -> None:
+    admit = admitter()
+    first = admit.admit_tokens(tokens(10, tier="realtime", tenant="a", max_tokens=500))
+    assert first.predicted_output_tokens == 64  # the realtime prior
+    assert admit.observe(first, 10) == 54
+    second = admit.admit_tokens(tokens(10, tier="realtime", tenant="a", max_tokens=500))
+    assert second.predicted_output_tokens == 10
+
+
+def test_the_model_must_be_the_served_one() -> None:
+    admitter().check_model(None)
+    admitter().check_model("m")
+    with pytest.raises(ModelNotFoundError, match="serves 'm'"):
+        admitter().check_model("other")
+
+
+async def test_prompts_without_a_tokenizer_must_be_token_ids() -> None:
+    with pytest.raises(InvalidRequestError, match="needs a tokenizer"):
+        await admitter().prompt_ids(ChatPrompt([{"role": "user", "content": "hi"}]))
+    with pytest.raises(InvalidRequestError, match="prompt is empty"):
+        admitter().admit_tokens(tokens(0))
