@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from api.shedding import ShedLimits
+from admission.shedding import ShedLimits
 from bench.simrun import SIMULATOR_NOTE, SimConfig, SimPolicyName, SimRun, fifo_capacity_rps, simulate
 from bench.simrun import floor_e2e_ms as floor_of
 from bench.stats import RequestRecord, Status, Summary, TargetCheck, attainment, summarize, tpot_ms
@@ -26,7 +26,7 @@ from queues.keys import Tier
 from workers.budget import BudgetConfig
 from workers.engines.costmodel import CostModel
 from workers.engines.sim import KvAllocation
-from workers.scheduler import SchedulerConfig
+from workers.scheduling import SchedulerConfig
 
 LOADS: tuple[float, ...] = (0.5, 0.7, 0.9, 1.0, 1.2)
 TIERS: tuple[Tier, ...] = ("realtime", "normal", "background")

@@ -1,27 +1,30 @@
-"""SIMULATOR runs on a virtual clock: the worker's scheduler driving the ``sim`` engine (pure, offline).
+"""SIMULATOR runs on a virtual clock: the worker's own scheduling and request code driving the ``sim``
+engine (pure, offline).
 
-Nothing here runs a model or waits for a clock. A trace of arrivals (``bench.workloads``) is fed to the
-same code the live pipeline runs — ``api.admission.bucket_of`` and the output-length predictor pick the
-bucket, ``workers.continuation`` builds the scheduler's requests and continuations, ``Scheduler``
-decides every round — and the decisions are carried out on ``SimEngine``, whose steps take the time
-the cost model gives them. A 10-minute seed-mix trace runs in seconds, and the same seed gives the
-same figures in any process.
+Nothing here runs a model or waits for a clock. A trace of arrivals (``bench.workloads``) goes through
+the code the live pipeline runs: ``admission.admitter.Admitter`` admits each arrival (bucket,
+output-length prediction, deadline, load shedding) and learns from each finished request; the
+scheduling policy (``workers.policies.make_scheduler``) decides every round on the same
+``workers.capacity.engine_view`` the worker builds; each admitted request runs as a
+``workers.lifecycle.RequestLifecycle`` — the worker's per-request state machine, which names the
+engine calls, turns outputs into events and decides at each slice boundary whether to finish, go on or
+yield; the engine's step budget follows the scheduler's by the worker's ``BudgetFollower`` rule. The
+decisions are carried out on ``SimEngine``, whose steps take the time the cost model gives them. A
+10-minute seed-mix trace runs in seconds, and the same seed gives the same figures in any process.
 
-What the driver does per round mirrors ``workers.worker.Worker``: a scheduling round (its admissions
-become engine requests ``{id}-{slice}`` with the tier as priority, its preemptions abort and requeue a
-continuation), the budget it chose applied to the engine's step budget, one engine step, then each
-finished slice either continues at once (``at_slice_boundary`` said go on) or is requeued. Rounds run
-once per engine step here; the live worker runs one per change, which is at least as often. As with a
-real engine, the driver reads a step's outputs (tokens, finishes, first tokens) only once the next
-step is under way (``output_lag_steps``), so what it does about them lands a step later; ``tailcut
-bench live`` found the live pipeline between this and reading at once, closer to this.
+What differs from the live worker is only what a virtual clock changes: rounds run once per engine
+step here (the live worker runs one per change, which is at least as often), and, as with a real
+engine, the driver reads a step's outputs (tokens, finishes, first tokens) only once the next step is
+under way (``output_lag_steps``), so what it does about them lands a step later; ``tailcut bench
+live`` found the live pipeline between this and reading at once, closer to this.
 
 Policies:
 - ``fifo``, ``vllm-priority``: every arrival goes straight to the engine (a plain engine server), FCFS
   or with the tier as vLLM's priority;
 - ``tailcut``: the full scheduler (``SchedulerConfig``), plus load shedding at admission;
-- ``static-batch``: the source article's baseline: batches of up to ``static_batch_size`` requests in
-  arrival order, the next batch only after the longest member of the last one finished.
+- ``static-batch``: the source article's baseline (``bench.static_batch``): batches of up to
+  ``static_batch_size`` requests in arrival order, the next batch only after the longest member of the
+  last one finished.
 """
 
 from __future__ import annotations
@@ -29,30 +32,38 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
 
-from api.admission import bucket_of
-from api.predictor import OutputLengthPredictor
-from api.settings import ApiSettings
-from api.shedding import ShedLimits
+from admission.admitter import Admitter
+from admission.config import AdmissionConfig, Deadlines
+from admission.request import GenerationRequest, ServedModel, TokenPrompt
+from admission.settings import AdmissionSettings
+from admission.shedding import ShedLimits
+from bench.static_batch import StaticBatch
 from bench.workloads import Arrival, Workload, draw_requests
 from queues.keys import Tier
-from queues.messages import RequestMessage, SamplingSpec
-from workers.continuation import continuation, sched_request
+from queues.messages import RequestMessage, SamplingOptions
+from tailcut.errors import OverloadedError
+from workers.capacity import BudgetFollower, StepTimer, engine_view
 from workers.engines.costmodel import CostModel, kv_capacity_tokens
 from workers.engines.sim import KvAllocation, SimEngine, StepResult
-from workers.scheduler import EngineView, Policy, Scheduler, SchedulerConfig
+from workers.lifecycle import Continue, EngineCall, Finished, RequestLifecycle
+from workers.policies import make_scheduler
+from workers.scheduling import EngineView, SchedRequest, SchedulerConfig, SchedulingPolicy
 
 SimPolicyName = Literal["static-batch", "fifo", "vllm-priority", "tailcut"]
 SIM_POLICIES: tuple[SimPolicyName, ...] = ("static-batch", "fifo", "vllm-priority", "tailcut")
 TIERS: tuple[Tier, ...] = ("realtime", "normal", "background")
 
 SIMULATOR_NOTE = "SIMULATOR: virtual clock, step times from the {cost} cost model; no model ran"
-# Smoothing of the step time the scheduler sees, as the live worker's ``STEP_SMOOTHING``.
-STEP_SMOOTHING = 0.2
+# Context length of the simulated model (Llama-3.1-8B, the cost models' model).
+SIM_MAX_MODEL_LEN = 131_072
+# A plain engine server hands every request to the engine, whose own queue orders them.
+UNBOUNDED = 1 << 30
+NO_DEADLINE_S = 1e9
 # Synthetic prompt token ids: unique per request, so only a request's own blocks are ever cache hits.
 _PROMPT_ID_BASE = 1 << 50
 
@@ -151,20 +162,18 @@ class SimRun:
 @dataclass(slots=True, eq=False)
 class _Request:
     arrival: Arrival
-    message: RequestMessage
+    message: RequestMessage  # the latest one: the original, then each continuation
     record: SimRecord
-    generated: list[int] = field(default_factory=list)
+    life: RequestLifecycle | None = None  # while it runs
     engine_id: str | None = None
-    slice_generated: int = 0
 
 
 class _Driver:
-    """One run: the trace, the scheduler (tailcut and the arrival-order policies), the engine."""
+    """One run: the trace, the admitter, the policy, the engine, and each running request's lifecycle."""
 
-    def __init__(self, workload: Workload, config: SimConfig, api: ApiSettings) -> None:
+    def __init__(self, workload: Workload, config: SimConfig, admission: AdmissionConfig) -> None:
         self.workload = workload
         self.config = config
-        self.api = api
         self.engine = SimEngine(
             config.cost,
             kv_capacity_tokens=config.kv_capacity_tokens,
@@ -176,102 +185,92 @@ class _Driver:
             policy="fcfs" if config.policy in ("fifo", "static-batch") else "priority",
             long_prefill_token_threshold=config.long_prefill_token_threshold if config.policy == "tailcut" else 0,
         )
-        scheduler_policy: Policy = "vllm-priority" if config.policy == "vllm-priority" else "fifo"
-        self.scheduler = Scheduler(
-            config.scheduler
-            if config.policy == "tailcut"
-            else SchedulerConfig(policy=scheduler_policy, budget=config.scheduler.budget)
+        self.scheduler = self._policy()
+        # tailcut holds what the engine cannot take; a plain engine server gives the engine everything.
+        self.max_running = config.max_num_seqs if config.policy == "tailcut" else UNBOUNDED
+        if config.policy == "static-batch":
+            # The article's system has no deadlines: a request waits for its batch however long.
+            admission = replace(admission, deadlines=Deadlines(NO_DEADLINE_S, NO_DEADLINE_S, NO_DEADLINE_S))
+        self.admitter = Admitter(
+            replace(admission, shed=config.shed or ShedLimits.never()),
+            ServedModel("sim", SIM_MAX_MODEL_LEN),
+            queue_depth=self,
         )
-        self.predictor = OutputLengthPredictor()
         self.by_engine_id: dict[str, _Request] = {}
         self.by_id: dict[str, _Request] = {}
-        self.static_queue: deque[_Request] = deque()
-        self.step_ms = 20.0
+        self.step = StepTimer()
+        self.budget = BudgetFollower(config.max_num_batched_tokens)
         self.num_preempted = 0
         self.num_yielded = 0
         self.next_prompt_id = _PROMPT_ID_BASE
 
-    # --- arrivals -------------------------------------------------------------------------------
+    def _policy(self) -> SchedulingPolicy:
+        config = self.config
+        if config.policy == "static-batch":
+            return StaticBatch(SchedulerConfig(policy="fifo"), batch_size=config.static_batch_size)
+        if config.policy == "tailcut":
+            return make_scheduler(config.scheduler)
+        return make_scheduler(SchedulerConfig(policy=config.policy, budget=config.scheduler.budget))
+
+    # --- arrivals (``QueueDepth`` for the admitter's shedding rule) -------------------------------
+
+    def waiting(self, tier: Tier) -> int:
+        return sum(1 for request in self.scheduler.waiting() if request.tier == tier)
+
+    def retry_after_s(self, tier: Tier, limit: int) -> int:
+        return 1  # a trace does not come back
 
     def arrive(self, arrival: Arrival) -> SimRecord:
-        mix = self.workload.mix(arrival.tier)
-        predicted = self.predictor.predict(
-            tier=arrival.tier,
-            tenant=arrival.tenant,
-            prompt_tokens=arrival.prompt_tokens,
-            max_tokens=mix.output_tokens[1],
-        )
-        arrival_ms = int(arrival.at_s * 1000)
-        message = RequestMessage(
-            id=f"r{arrival.index}",
-            tenant=arrival.tenant,
-            tier=arrival.tier,
-            bucket=bucket_of(arrival.prompt_tokens + predicted, self.api),
-            prompt_token_ids=self._prompt_ids(arrival.prompt_tokens),
-            sampling=SamplingSpec(
-                max_tokens=mix.output_tokens[1] if self.config.max_tokens == "tier-cap" else arrival.output_tokens,
-                ignore_eos=self.config.max_tokens == "exact",
-            ),
-            predicted_output_tokens=predicted,
-            enqueued_at_ms=arrival_ms,
-            deadline_ms=arrival_ms + int(self.api.deadline_s(arrival.tier) * 1000),
+        exact = self.config.max_tokens == "exact"
+        request = GenerationRequest(
+            prompt=TokenPrompt(self._prompt_ids(arrival.prompt_tokens)),
             reply_to="sim",
+            tier=arrival.tier,
+            tenant=arrival.tenant,
+            max_tokens=arrival.output_tokens if exact else self.workload.mix(arrival.tier).output_tokens[1],
+            sampling=SamplingOptions(ignore_eos=exact),
         )
+        try:
+            message = self.admitter.admit_tokens(
+                request, request_id=f"r{arrival.index}", at_ms=int(arrival.at_s * 1000)
+            )
+        except OverloadedError:
+            # Refused before any prediction: reported in the bucket its real length gives (as the
+            # live load generator reports every request).
+            bucket = self.admitter.config.buckets.of(arrival.prompt_tokens + arrival.output_tokens)
+            return SimRecord(arrival, bucket, status="rejected")
         record = SimRecord(arrival, message.bucket)
-        if self.config.shed is not None and self.config.shed.sheds(arrival.tier, self._num_waiting(arrival.tier)):
-            record.status = "rejected"
-            return record
-        request = _Request(arrival, message, record)
-        self.by_id[message.id] = request
-        if self.config.policy == "static-batch":
-            self.static_queue.append(request)
-        else:
-            self.scheduler.add(sched_request(message))
+        self.by_id[message.id] = _Request(arrival, message, record)
+        self.scheduler.add(SchedRequest.of(message))
         return record
 
     def _prompt_ids(self, count: int) -> list[int]:
         first, self.next_prompt_id = self.next_prompt_id, self.next_prompt_id + count
         return list(range(first, self.next_prompt_id))
 
-    def _num_waiting(self, tier: Tier) -> int:
-        return sum(1 for request in self.scheduler.waiting() if request.tier == tier)
-
     # --- one round ------------------------------------------------------------------------------
 
     def view(self) -> EngineView:
-        running = self.scheduler.running.values()
-        slice_tokens = self.config.scheduler.slice_tokens
-        return EngineView(
-            free_slots=self.config.max_num_seqs - len(running),
-            free_kv_tokens=self.engine.kv_capacity_tokens - sum(r.kv_tokens(slice_tokens) for r in running),
-            step_ms=self.step_ms,
+        return engine_view(
+            self.scheduler,
+            max_running=self.max_running,
+            kv_capacity_tokens=self.engine.kv_capacity_tokens,
+            backlog={},
+            step_ms=self.step.value_ms,
         )
 
     def schedule(self, now_ms: int) -> None:
-        if self.config.policy == "static-batch":
-            if self.engine.num_unfinished() == 0:
-                for _ in range(min(self.config.static_batch_size, len(self.static_queue))):
-                    request = self.static_queue.popleft()
-                    self._start(request, request.message.sampling.max_tokens, priority=0)
-            return
-        if self.config.policy != "tailcut":
-            # A plain engine server: everything goes to the engine, whose own queue orders it.
-            view = EngineView(free_slots=self.scheduler.num_waiting, free_kv_tokens=1 << 40)
-            for admitted in self.scheduler.schedule(view, now_ms).admit:
-                request = self.by_id[admitted.id]
-                self._start(request, admitted.remaining_tokens, priority=self.scheduler.engine_priority(admitted))
-            return
         decision = self.scheduler.schedule(self.view(), now_ms)
         for admitted in decision.admit:
             request = self.by_id[admitted.id]
-            if now_ms > request.message.deadline_ms:  # as the worker: expired before it could run
+            life = RequestLifecycle(request.message, admitted, self.scheduler)
+            if life.expired(now_ms):  # as the worker: its deadline passed before it could start
                 request.record.status = "expired"
                 self.scheduler.finish(admitted.id, admitted)
                 del self.by_id[admitted.id]
                 continue
-            self._start(
-                request, self.scheduler.slice_limit(admitted), priority=self.scheduler.engine_priority(admitted)
-            )
+            request.life = life
+            self._start(request, life.next_call())
         for victim in decision.preempt:
             request = self.by_id[victim.id]
             if request.engine_id is not None:
@@ -280,44 +279,43 @@ class _Driver:
                 request.engine_id = None
             self.num_preempted += 1
             self._requeue(request)
-        self.engine.set_token_budget(decision.token_budget)
+        budget = self.budget.update(decision.token_budget)
+        if budget is not None:
+            self.engine.set_token_budget(budget)
 
-    def _start(self, request: _Request, max_tokens: int, *, priority: int) -> None:
-        """One engine call: the prompt plus what the request generated so far, as the worker sends."""
-        message = request.message
-        engine_id = f"{message.id}-{message.slice_index}-{request.record.engine_calls}"
+    def _start(self, request: _Request, call: EngineCall) -> None:
         request.record.engine_calls += 1
-        request.engine_id = engine_id
-        request.slice_generated = 0
-        self.by_engine_id[engine_id] = request
+        request.engine_id = call.engine_request_id
+        self.by_engine_id[call.engine_request_id] = request
+        assert request.life is not None
         self.engine.add(
-            engine_id,
-            message.prompt_token_ids + request.generated,
-            max_tokens,
-            priority=priority,
-            stop_after=request.arrival.output_tokens - len(request.generated),
+            call.engine_request_id,
+            call.prompt_token_ids,
+            call.sampling.max_tokens,
+            priority=call.priority,
+            stop_after=request.arrival.output_tokens - len(request.life.generated),
         )
 
-    def _requeue(self, request: _Request) -> None:
-        request.message = continuation(request.message, request.generated, next_seq=len(request.generated) + 1)
-        self.scheduler.add(sched_request(request.message))
+    def _requeue(self, request: _Request, message: RequestMessage | None = None) -> None:
+        """Back to the scheduler's queue as a continuation (a yield or a preemption)."""
+        assert request.life is not None
+        request.message = message or request.life.continuation()
+        request.life = None
+        self.scheduler.add(SchedRequest.of(request.message))
 
     # --- one step -------------------------------------------------------------------------------
 
     def after_step(self, step: StepResult, tokens_per_tier: dict[Tier, int] | None) -> None:
         """Hand out the step's tokens (counted per tier into ``tokens_per_tier`` when given)."""
         end_us = step.end_us
-        self.step_ms += STEP_SMOOTHING * (step.duration_us / 1000 - self.step_ms)
+        self.step.observe(step.duration_us / 1000)
         for engine_id, token_id in step.new_token_ids.items():
             request = self.by_engine_id.get(engine_id)
-            if request is None:  # preempted after the step ran: its continuation starts from before
+            if request is None or request.life is None:  # preempted after the step ran
                 continue
             if tokens_per_tier is not None:
                 tokens_per_tier[request.arrival.tier] += 1
-            request.generated.append(token_id)
-            request.slice_generated += 1
-            if request.slice_generated == 1:
-                self.scheduler.prefilled(request.message.id)
+            request.life.on_output([token_id], "", event=False)
             if request.record.ttft_ms is None:
                 request.record.ttft_ms = end_us / 1000 - request.arrival.at_s * 1000
         for engine_id in step.finished:
@@ -325,31 +323,26 @@ class _Driver:
             if request is None:
                 continue
             request.engine_id = None
-            self._slice_done(request, end_us)
+            self._call_done(request, end_us)
 
-    def _slice_done(self, request: _Request, end_us: float) -> None:
-        message = request.message
-        if len(request.generated) >= request.arrival.output_tokens:
+    def _call_done(self, request: _Request, end_us: float) -> None:
+        life = request.life
+        assert life is not None
+        # The engine stops a request at its slice limit ("length") or where the trace says the model
+        # ends its reply (an end-of-sequence, "stop").
+        reason = "stop" if len(life.generated) >= request.arrival.output_tokens else "length"
+        outcome = life.end_call(reason, self.view)
+        if isinstance(outcome, Finished):
             request.record.e2e_ms = end_us / 1000 - request.arrival.at_s * 1000
-            request.record.output_tokens = len(request.generated)
-            self.scheduler.finish(message.id)
-            del self.by_id[message.id]
-            self.predictor.observe(
-                tier=message.tier,
-                tenant=message.tenant,
-                prompt_tokens=len(message.prompt_token_ids),
-                output_tokens=len(request.generated),
-            )
-            return
-        # A slice ended short of max_tokens: the worker continues or yields (tailcut only slices).
-        self.scheduler.advance(message.id, request.slice_generated)
-        if self.scheduler.at_slice_boundary(message.id, self.view()):
+            request.record.output_tokens = len(life.generated)
+            self.scheduler.finish(life.id)
+            del self.by_id[life.id]
+            self.admitter.observe(life.message, len(life.generated))
+        elif isinstance(outcome, Continue):
+            self._start(request, outcome.call)
+        else:
             self.num_yielded += 1
-            self._requeue(request)
-            return
-        message.slice_index += 1
-        running = self.scheduler.running[message.id]
-        self._start(request, self.scheduler.slice_limit(running), priority=self.scheduler.engine_priority(running))
+            self._requeue(request, outcome.message)
 
 
 def simulate(
@@ -358,12 +351,14 @@ def simulate(
     config: SimConfig,
     *,
     duration_s: float,
-    api: ApiSettings | None = None,
+    api: AdmissionSettings | None = None,
     on_progress: Callable[[float], None] | None = None,
 ) -> SimRun:
     """Run ``trace`` through ``config`` on the virtual clock until every request finished or
-    ``config.drain_s`` after the last arrival; what is still queued then is ``unfinished``."""
-    driver = _Driver(workload, config, api or ApiSettings())
+    ``config.drain_s`` after the last arrival; what is still queued then is ``unfinished``.
+    ``api``: the buckets and deadlines of a live API to mirror (default admission's own); shedding
+    comes from ``config.shed``."""
+    driver = _Driver(workload, config, api.admission_config() if api is not None else AdmissionConfig())
     engine = driver.engine
     records: list[SimRecord] = []
     window_tokens = dict.fromkeys(TIERS, 0)
@@ -420,7 +415,9 @@ def simulate(
         read(unread)
     for request in driver.by_id.values():
         request.record.status = "unfinished"
-        request.record.output_tokens = len(request.generated)
+        request.record.output_tokens = len(
+            request.life.generated if request.life else request.message.generated_token_ids
+        )
     return SimRun(
         config=config,
         duration_s=duration_s,

@@ -1,11 +1,13 @@
-"""Token budget per scheduling round (pure).
+"""Token budget per scheduling round (pure). ``floor``, ``ceiling`` and ``per_short`` are
+``BudgetConfig``'s ``min_tokens`` (default 1024), ``max_tokens`` (2048) and ``tokens_per_short`` (64).
 
-- ``article``: the source article's rule, ``max(512, min(2048, n_short_waiting * 64))``. It trades
-  throughput for latency: with few short requests waiting it sits at the floor.
-- ``room``: the article's rule applied to the room for new prompts above the running decodes,
-  ``min(2048, n_running + max(512, min(2048, n_short_waiting * 64)))``. Every running request
-  decodes one token per step, so under load the article's fixed floor leaves less and less room
-  for prefill until the queues grow without bound; this floor grows with the batch instead.
+- ``article``: the source article's rule, ``max(floor, min(ceiling, n_short_waiting * per_short))``
+  (the article's own floor is 512: ``tailcut bench policies`` runs it as ``tailcut/article-512``). It
+  trades throughput for latency: with few short requests waiting it sits at the floor.
+- ``room`` (the default): the article's rule applied to the room for new prompts above the running
+  decodes, ``min(ceiling, n_running + max(floor, min(ceiling, n_short_waiting * per_short)))``. Every
+  running request decodes one token per step, so under load the article's fixed floor leaves less and
+  less room for prefill until the queues grow without bound; this floor grows with the batch instead.
 - ``slack``: large steps while every realtime request (running or waiting) has slack to its deadline,
   the floor as soon as one does not. Slack is the time left to the deadline minus the decode time it
   still needs at the current step time.
@@ -22,8 +24,8 @@ BudgetRule = Literal["article", "room", "slack"]
 
 @dataclass(frozen=True, slots=True)
 class BudgetConfig:
-    rule: BudgetRule = "article"
-    min_tokens: int = 512
+    rule: BudgetRule = "room"
+    min_tokens: int = 1024
     max_tokens: int = 2048
     tokens_per_short: int = 64
     # A realtime request is "tight" when its slack falls below this margin.

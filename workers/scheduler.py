@@ -1,138 +1,42 @@
-"""The SLO scheduler: which waiting requests enter the engine, which running ones make room (pure).
+"""The ``tailcut`` policy: which waiting requests enter the engine, which running ones make room (pure).
 
 No Redis, no engine, no wall clock: the worker (and the offline simulator) feed it requests and an
-``EngineView`` with the current time, and carry out its ``Decision``. One round is
-``schedule(view, now_ms)``; in between, ``add`` (a request arrived), ``at_slice_boundary`` (a
-request produced ``slice_tokens`` tokens: continue or yield?) and ``finish`` keep it current.
+``EngineView`` with the current time, and carry out its ``Decision`` (``workers.scheduling`` has the
+interface; the baselines ``fifo`` and ``vllm-priority`` are in ``workers.policies``). The rules of
+DESIGN.md "Scheduling":
 
-Policies (``SchedulerConfig.policy``):
-
-- ``tailcut``: the rules of DESIGN.md "Scheduling" —
-  1. a token budget per round (``workers.budget``), short bucket first; new prefill work is admitted
-     while it fits what the running decodes and the prompts still being prefilled (one engine chunk
-     each, ``prefill_chunk_tokens``) leave of it. A longer prompt is admitted only when no prefill
-     is in flight, so it is not starved and the engine chunks it while every step keeps room;
-  2. realtime before normal before background, but realtime may jump ahead of older waiting
-     lower-tier work at most ``max_cut_ins`` times in a row; then the oldest lower-tier request is
-     admitted if it fits;
-  3. normal-tier fair share across tenants by weighted deficit round robin (``workers.fairshare``);
-  4. running background requests are preempted when higher tiers wait and slots or KV are short;
-  5. sliced decoding: an engine call makes at most ``slice_tokens`` tokens; at a slice boundary a
-     request yields only when higher-tier work waits and capacity is short, since a resume costs a
-     prefill of whatever fell out of the prefix cache meanwhile.
-- ``fifo``: one queue in arrival order, no tiers, no budget, no slices (a plain engine server).
-- ``vllm-priority``: like ``fifo``, with the tier as the engine's priority (vLLM's own policy).
+1. a token budget per round (``workers.budget``), short bucket first; new prefill work is admitted
+   while it fits what the running decodes and the prompts still being prefilled (one engine chunk
+   each, ``prefill_chunk_tokens``) leave of it. A longer prompt is admitted only when no prefill
+   is in flight, so it is not starved and the engine chunks it while every step keeps room;
+2. realtime before normal before background, but realtime may jump ahead of older waiting
+   lower-tier work at most ``max_cut_ins`` times in a row; then the oldest lower-tier request is
+   admitted if it fits;
+3. normal-tier fair share across tenants by weighted deficit round robin (``workers.fairshare``);
+4. running background requests are preempted when higher tiers wait and slots or KV are short;
+5. sliced decoding: an engine call makes at most ``slice_tokens`` tokens; at a slice boundary a
+   request yields only when higher-tier work waits and capacity is short, since a resume costs a
+   prefill of whatever fell out of the prefix cache meanwhile.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Literal
 
 from queues.keys import Bucket, Tier
-from workers.budget import BudgetConfig, RealtimeProgress, token_budget
+from workers.budget import RealtimeProgress, token_budget
 from workers.fairshare import DeficitRoundRobin, rtt_weight
-
-Policy = Literal["tailcut", "fifo", "vllm-priority"]
-
-TIER_RANK: dict[Tier, int] = {"realtime": 0, "normal": 1, "background": 2}
-BUCKET_RANK: dict[Bucket, int] = {"short": 0, "medium": 1, "long": 2}
-
-
-@dataclass(slots=True)
-class SchedRequest:
-    """A request as the scheduler sees it; a continuation's prompt includes its earlier output."""
-
-    id: str
-    tier: Tier
-    bucket: Bucket
-    tenant: str
-    arrival_ms: int
-    deadline_ms: int
-    prompt_tokens: int
-    remaining_tokens: int
-
-    def kv_tokens(self, slice_tokens: int) -> int:
-        """KV the next engine call may fill: the prompt plus one slice of output."""
-        return self.prompt_tokens + min(self.remaining_tokens, slice_tokens)
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    policy: Policy = "tailcut"
-    budget: BudgetConfig = field(default_factory=lambda: BudgetConfig(rule="room", min_tokens=1024))
-    max_cut_ins: int = 3
-    slice_tokens: int = 256
-    # Most prompt tokens the engine computes per request and step (vLLM's
-    # ``long_prefill_token_threshold``; 0: a whole prompt may fill a step). Admitted prompts still
-    # being prefilled take this much of every round's budget until their first token.
-    prefill_chunk_tokens: int = 256
-    # Tokens of every round's budget that only realtime prompts may use: running requests go first
-    # in an engine step, so without a reserve a realtime prompt waits for lower-tier prefills.
-    realtime_reserve_tokens: int = 256
-    fair_quantum_tokens: int = 512
-    fair_min_weight: float = 0.25
-    fair_max_weight: float = 8.0
-    # Weight of the newest queue wait in a tenant's moving average (its "recent latency").
-    rtt_smoothing: float = 0.2
-
-
-@dataclass(frozen=True, slots=True)
-class EngineView:
-    """The engine's capacity right now, and what waits in Redis that this worker has not read."""
-
-    free_slots: int
-    free_kv_tokens: int
-    backlog: dict[tuple[Tier, Bucket], int] = field(default_factory=dict)
-    step_ms: float = 20.0
-
-    def backlog_of(self, *, tiers: tuple[Tier, ...] = (), buckets: tuple[Bucket, ...] = ()) -> int:
-        return sum(
-            count
-            for (tier, bucket), count in self.backlog.items()
-            if (not tiers or tier in tiers) and (not buckets or bucket in buckets)
-        )
-
-
-@dataclass(slots=True)
-class Decision:
-    admit: list[SchedRequest] = field(default_factory=list)
-    preempt: list[SchedRequest] = field(default_factory=list)
-    token_budget: int = 0
-
-
-class _Heap:
-    """Requests ordered by a key; stable for equal keys."""
-
-    def __init__(self) -> None:
-        self._items: list[tuple[tuple[int, ...], int, SchedRequest]] = []
-        self._counter = itertools.count()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self) -> Iterator[SchedRequest]:
-        return (item for _key, _n, item in self._items)
-
-    def push(self, key: tuple[int, ...], request: SchedRequest) -> None:
-        heapq.heappush(self._items, (key, next(self._counter), request))
-
-    def peek(self) -> SchedRequest | None:
-        return self._items[0][2] if self._items else None
-
-    def pop(self) -> SchedRequest:
-        return heapq.heappop(self._items)[2]
-
-    def remove(self, request_id: str) -> SchedRequest | None:
-        for index, (_key, _n, request) in enumerate(self._items):
-            if request.id == request_id:
-                self._items.pop(index)
-                heapq.heapify(self._items)
-                return request
-        return None
+from workers.scheduling import (
+    BUCKET_RANK,
+    TIER_RANK,
+    Decision,
+    EngineView,
+    RequestHeap,
+    RunningTable,
+    SchedRequest,
+    SchedulerConfig,
+)
 
 
 def _cost(request: SchedRequest) -> int:
@@ -144,28 +48,25 @@ def _urgency(request: SchedRequest) -> tuple[int, ...]:
     return (BUCKET_RANK[request.bucket], request.arrival_ms)
 
 
-class Scheduler:
+class TailcutPolicy(RunningTable):
+    steers_token_budget = True
+
     def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__()
         self.config = config
-        self._realtime = _Heap()
-        self._background = _Heap()
-        self._arrival = _Heap()  # fifo and vllm-priority: everything in arrival order
+        self._realtime = RequestHeap()
+        self._background = RequestHeap()
         # Normal tier: one fair-share queue per bucket, shortest first (see ``_pick_normal``).
         self._normal_by_bucket: dict[Bucket, DeficitRoundRobin[SchedRequest]] = {
             bucket: DeficitRoundRobin(config.fair_quantum_tokens, self.weight) for bucket in BUCKET_RANK
         }
         self._bucket_bypasses = 0
-        self._running: dict[str, SchedRequest] = {}
         self._cut_ins = 0
         self._rtt_ms: dict[str, float] = {}
         # Admitted requests whose prompt the engine is still computing: id → prompt tokens.
         self._prefilling: dict[str, int] = {}
 
     # --- what the scheduler holds ---------------------------------------------------------------
-
-    @property
-    def running(self) -> dict[str, SchedRequest]:
-        return self._running
 
     def _normal(self) -> Iterator[SchedRequest]:
         for queue in self._normal_by_bucket.values():
@@ -175,17 +76,14 @@ class Scheduler:
         yield from self._realtime
         yield from self._normal()
         yield from self._background
-        yield from self._arrival
 
     @property
     def num_waiting(self) -> int:
         num_normal = sum(len(queue) for queue in self._normal_by_bucket.values())
-        return len(self._realtime) + num_normal + len(self._background) + len(self._arrival)
+        return len(self._realtime) + num_normal + len(self._background)
 
     def add(self, request: SchedRequest) -> None:
-        if self.config.policy != "tailcut":
-            self._arrival.push((request.arrival_ms,), request)
-        elif request.tier == "realtime":
+        if request.tier == "realtime":
             self._realtime.push(_urgency(request), request)
         elif request.tier == "normal":
             self._normal_by_bucket[request.bucket].push(request.tenant, request, _cost(request))
@@ -197,7 +95,7 @@ class Scheduler:
         self._prefilling.pop(request_id, None)
         if request_id in self._running:
             return self._running.pop(request_id)
-        for heap in (self._realtime, self._background, self._arrival):
+        for heap in (self._realtime, self._background):
             found = heap.remove(request_id)
             if found is not None:
                 return found
@@ -207,25 +105,24 @@ class Scheduler:
                 return found
         return None
 
-    def finish(self, request_id: str, request: SchedRequest | None = None) -> None:
-        """The request left the engine; with ``request``, only if that is the one running under
-        this id (a continuation of it may already be running again)."""
-        if request is None or self._running.get(request_id) is request:
-            self._running.pop(request_id, None)
-            self._prefilling.pop(request_id, None)
+    def _forget(self, request_id: str) -> None:
+        self.prefilled(request_id)  # a request that left is not being prefilled either
 
     def prefilled(self, request_id: str) -> None:
         """The engine produced the request's first token: its prompt no longer takes budget."""
         self._prefilling.pop(request_id, None)
 
+    def prefetch_room(self, tier: Tier, prefetch: int) -> int:
+        """``prefetch`` minus what waits here at ``tier`` or a more urgent one, so a local queue full
+        of background work never keeps a realtime request in Redis."""
+        rank = TIER_RANK[tier]
+        return prefetch - sum(1 for request in self.waiting() if TIER_RANK[request.tier] <= rank)
+
     def slice_limit(self, request: SchedRequest) -> int:
-        """Most tokens the next engine call of ``request`` may produce."""
-        if self.config.policy == "tailcut":
-            return min(request.remaining_tokens, self.config.slice_tokens)
-        return request.remaining_tokens
+        return min(request.remaining_tokens, self.config.slice_tokens)
 
     def engine_priority(self, request: SchedRequest) -> int:
-        return 0 if self.config.policy == "fifo" else TIER_RANK[request.tier]
+        return TIER_RANK[request.tier]
 
     # --- fair share -----------------------------------------------------------------------------
 
@@ -243,8 +140,6 @@ class Scheduler:
     # --- one round ------------------------------------------------------------------------------
 
     def schedule(self, view: EngineView, now_ms: int) -> Decision:
-        if self.config.policy != "tailcut":
-            return self._schedule_arrival_order(view)
         budget = self.current_budget(view, now_ms)
         decision = Decision(token_budget=budget)
         slots, kv = view.free_slots, view.free_kv_tokens
@@ -292,7 +187,7 @@ class Scheduler:
     def at_slice_boundary(self, request_id: str, view: EngineView) -> bool:
         """``True``: the request yields (the caller re-queues it as a continuation); ``False``: go on."""
         request = self._running.get(request_id)
-        if request is None or self.config.policy != "tailcut":
+        if request is None:
             return False
         higher = self._waiting_above(request.tier)
         higher_tiers = tuple(tier for tier, rank in TIER_RANK.items() if rank < TIER_RANK[request.tier])
@@ -306,24 +201,7 @@ class Scheduler:
         self._prefilling.pop(request_id, None)
         return True
 
-    def advance(self, request_id: str, num_generated: int) -> None:
-        """A slice produced ``num_generated`` tokens: they become part of the prompt of the next one."""
-        request = self._running.get(request_id)
-        if request is not None:
-            request.prompt_tokens += num_generated
-            request.remaining_tokens -= num_generated
-
     # --- internals ------------------------------------------------------------------------------
-
-    def _schedule_arrival_order(self, view: EngineView) -> Decision:
-        decision = Decision(token_budget=self.config.budget.max_tokens)
-        for _ in range(view.free_slots):
-            if not self._arrival:
-                break
-            request = self._arrival.pop()
-            self._running[request.id] = request
-            decision.admit.append(request)
-        return decision
 
     def _fits(self, request: SchedRequest, kv: int, budget: int, spent: int, first: bool) -> bool:
         if request.kv_tokens(self.config.slice_tokens) > kv:

@@ -14,11 +14,16 @@ from tailcut.settings import CommonSettings
 from workers.budget import BudgetConfig
 from workers.engines.costmodel import DEFAULT_PROFILE, PROFILES
 from workers.engines.sim_live import DEFAULT_TIME_SCALE
-from workers.scheduler import SchedulerConfig
+from workers.scheduling import PolicyName, SchedulerConfig
 
 CPU_BLOCK_SIZE = 32  # vLLM's CPU attention accepts only multiples of 32.
 GPU_BLOCK_SIZE = 16
 CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
+
+
+# The one source of the scheduler's defaults: the typed configuration the scheduler runs on.
+_SCHEDULER = SchedulerConfig()
+_BUDGET = _SCHEDULER.budget
 
 
 def default_worker_id() -> str:
@@ -52,7 +57,7 @@ class EngineSettings(BaseModel):
     enforce_eager: bool | None = Field(None, description="Skip graph capture; default on for CPU.")
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = Field(
-        256,
+        _SCHEDULER.prefill_chunk_tokens,
         ge=0,
         description="Most prompt tokens one request computes per engine step while others run (vLLM's "
         "option; 0: no cap). The scheduler counts each prompt being prefilled at this size.",
@@ -107,28 +112,44 @@ class EngineSettings(BaseModel):
 
 
 class SchedulerSettings(BaseModel):
-    """The SLO scheduler of a worker (``TAILCUT_SCHEDULER__NAME``); see ``workers.scheduler``."""
+    """The SLO scheduler of a worker (``TAILCUT_SCHEDULER__NAME``); see ``workers.scheduler``. Defaults
+    come from ``SchedulerConfig``, except the prefill chunk, which is the engine's
+    ``long_prefill_token_threshold``."""
 
-    policy: Literal["tailcut", "fifo", "vllm-priority"] = Field(
-        "tailcut", description="`fifo` and `vllm-priority` are the baselines benchmarks compare against."
+    policy: PolicyName = Field(
+        _SCHEDULER.policy, description="`fifo` and `vllm-priority` are the baselines benchmarks compare against."
     )
     budget_rule: Literal["article", "room", "slack"] = Field(
-        "room", description="Token budget rule per round (`workers/budget.py`)."
+        _BUDGET.rule, description="Token budget rule per round (`workers/budget.py`)."
     )
     min_budget_tokens: int = Field(
-        1024, ge=16, description="Token budget floor (`room`: prefill room above the running decodes)."
+        _BUDGET.min_tokens, ge=16, description="Token budget floor (`room`: prefill room above the running decodes)."
     )
-    max_budget_tokens: int = Field(2048, ge=16, description="Token budget ceiling (at most the engine's).")
-    tokens_per_short: int = Field(64, ge=1, description="Article rule: budget per waiting short request.")
-    slack_margin_ms: int = Field(250, ge=0, description="Slack rule: a realtime request below this is tight.")
+    max_budget_tokens: int = Field(
+        _BUDGET.max_tokens, ge=16, description="Token budget ceiling (at most the engine's)."
+    )
+    tokens_per_short: int = Field(
+        _BUDGET.tokens_per_short, ge=1, description="Article rule: budget per waiting short request."
+    )
+    slack_margin_ms: int = Field(
+        _BUDGET.slack_margin_ms, ge=0, description="Slack rule: a realtime request below this is tight."
+    )
     realtime_reserve_tokens: int = Field(
-        256, ge=0, description="Tokens of each round's budget only realtime prompts may use."
+        _SCHEDULER.realtime_reserve_tokens,
+        ge=0,
+        description="Tokens of each round's budget only realtime prompts may use.",
     )
-    max_cut_ins: int = Field(3, ge=0, description="Realtime jumps ahead of older lower-tier work at most this often.")
-    slice_tokens: int = Field(256, ge=1, description="Most tokens one engine call produces (sliced decoding).")
-    fair_quantum_tokens: int = Field(512, ge=1, description="Deficit round robin quantum (normal tier).")
-    fair_min_weight: float = Field(0.25, gt=0, description="Fair-share weight clamp, low end.")
-    fair_max_weight: float = Field(8.0, gt=0, description="Fair-share weight clamp, high end.")
+    max_cut_ins: int = Field(
+        _SCHEDULER.max_cut_ins, ge=0, description="Realtime jumps ahead of older lower-tier work at most this often."
+    )
+    slice_tokens: int = Field(
+        _SCHEDULER.slice_tokens, ge=1, description="Most tokens one engine call produces (sliced decoding)."
+    )
+    fair_quantum_tokens: int = Field(
+        _SCHEDULER.fair_quantum_tokens, ge=1, description="Deficit round robin quantum (normal tier)."
+    )
+    fair_min_weight: float = Field(_SCHEDULER.fair_min_weight, gt=0, description="Fair-share weight clamp, low end.")
+    fair_max_weight: float = Field(_SCHEDULER.fair_max_weight, gt=0, description="Fair-share weight clamp, high end.")
     prefetch: int = Field(16, ge=1, description="Requests per tier read ahead from Redis into the local queue.")
 
     @model_validator(mode="after")
@@ -141,7 +162,7 @@ class SchedulerSettings(BaseModel):
             raise ValueError("fair_min_weight must not exceed fair_max_weight")
         return self
 
-    def config(self, *, prefill_chunk_tokens: int = 0) -> SchedulerConfig:
+    def config(self, *, prefill_chunk_tokens: int = _SCHEDULER.prefill_chunk_tokens) -> SchedulerConfig:
         """``prefill_chunk_tokens``: the engine's ``long_prefill_token_threshold``."""
         return SchedulerConfig(
             policy=self.policy,

@@ -16,21 +16,22 @@ import contextlib
 import logging
 import time
 from collections import deque
-from dataclasses import replace
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from queues import intake
 from queues.intake import IntakeEntry
-from queues.keys import BUCKETS, TIERS, Bucket, Keys, Tier
-from queues.messages import OutputEvent
+from queues.keys import BUCKETS, TIERS, WORKER_ALIVE_BEATS, Bucket, Keys, Tier
+from queues.messages import OutputEvent, RequestMessage
 from queues.output import OutputWriter, read_output
 from tailcut.errors import EngineDeadError, InvalidRequestError
 from tailcut.logs import log_event
-from workers.continuation import continuation, sched_request
+from workers.capacity import BudgetFollower, StepTimer, engine_view
 from workers.engines.base import Engine
-from workers.scheduler import TIER_RANK, EngineView, SchedRequest, Scheduler
+from workers.lifecycle import Finished, RequestLifecycle, Yield, error_event, resumed
+from workers.policies import make_scheduler
+from workers.scheduling import EngineView, SchedRequest
 from workers.settings import WorkerSettings
 
 log = logging.getLogger("tailcut.worker")
@@ -43,11 +44,7 @@ SCHEDULE_TICK_S = 0.05
 # While some tier's local queue is full, a blocking read on the others lasts at most this long, so the
 # room an admission frees is used within it rather than after a whole read_block_ms.
 BLOCK_WHILE_FULL_MS = 20
-# The engine's step budget is changed only when the scheduler's moves by this much: the room rule
-# follows the running count, and each change is a call into vLLM's engine process.
-BUDGET_APPLY_STEP = 128
 BACKLOG_PROBE_S = 0.1
-STEP_SMOOTHING = 0.1
 HELPERS_STOP_S = 5.0
 
 
@@ -69,7 +66,7 @@ class Worker:
         self._blocking = blocking_redis
         self._keys = Keys(settings.key_prefix)
         self._writer = OutputWriter(redis, self._keys, ttl_s=settings.output_ttl_s)
-        self.scheduler = Scheduler(settings.scheduler_config())
+        self.scheduler = make_scheduler(settings.scheduler_config())
         self._entries: dict[str, IntakeEntry] = {}  # every entry held: waiting here or running
         self._tasks: dict[str, asyncio.Task[None]] = {}  # running requests
         self._cancel_requested: set[str] = set()
@@ -82,8 +79,8 @@ class Worker:
         self._stream_of: dict[str, tuple[Tier, Bucket]] = {
             self._keys.intake(tier, bucket): (tier, bucket) for tier in TIERS for bucket in BUCKETS
         }
-        self._step_ms = 20.0
-        self._budget_applied: int | None = None
+        self._step = StepTimer()
+        self._budget = BudgetFollower(None)
         # Ids of the requests this worker brought to a terminal state, newest last (bounded).
         self.served_ids: deque[str] = deque(maxlen=SERVED_IDS_KEPT)
         self.stolen_ids: deque[str] = deque(maxlen=SERVED_IDS_KEPT)
@@ -111,11 +108,12 @@ class Worker:
     async def run(self) -> None:
         """Serve until ``stop()``; raises the fatal error that stopped it, if any."""
         await intake.ensure_groups(self._redis, self._keys)
-        if self._settings.scheduler.policy == "tailcut":
+        if self.scheduler.steers_token_budget:
             # Check once at start that the engine's step budget can follow the scheduler's; if not,
             # VllmEngine logs it once and the budget limits admission only.
-            self._budget_applied = await self._engine.set_token_budget(self._settings.scheduler.max_budget_tokens)
-            log_event(log, "engine_budget_control", enabled=self._budget_applied is not None)
+            applied = await self._engine.set_token_budget(self._settings.scheduler.max_budget_tokens)
+            self._budget = BudgetFollower(applied)
+            log_event(log, "engine_budget_control", enabled=applied is not None)
         self._writer.start()
         helpers = [
             asyncio.create_task(self._heartbeat(), name="worker-heartbeat"),
@@ -159,15 +157,8 @@ class Worker:
         full of background work never keeps a realtime request in Redis.
         """
         prefetch = self._settings.scheduler.prefetch
-        waiting = list(self.scheduler.waiting())
-        if self._settings.scheduler.policy != "tailcut":
-            room = prefetch - len(waiting)
-            return {stream: room for stream in self._stream_of}
-        rooms: dict[str, int] = {}
-        for stream, (tier, _bucket) in self._stream_of.items():
-            ahead = sum(1 for request in waiting if TIER_RANK[request.tier] <= TIER_RANK[tier])
-            rooms[stream] = prefetch - ahead
-        return rooms
+        room_of = {tier: self.scheduler.prefetch_room(tier, prefetch) for tier in TIERS}
+        return {stream: room_of[tier] for stream, (tier, _bucket) in self._stream_of.items()}
 
     async def _read_loop(self) -> None:
         home_buckets = set(self._settings.home_buckets)
@@ -220,22 +211,18 @@ class Worker:
     def _accept(self, entry: IntakeEntry) -> None:
         self.accepted.append((entry.message.id, time.monotonic()))
         self._entries[entry.message.id] = entry
-        self.scheduler.add(sched_request(entry.message))
+        self.scheduler.add(SchedRequest.of(entry.message))
         self._wake.set()
 
     # --- scheduling ---------------------------------------------------------------------------
 
     def view(self) -> EngineView:
-        running = self.scheduler.running.values()
-        slice_tokens = self._settings.scheduler.slice_tokens
-        capacity = self._engine.kv_capacity_tokens or 1 << 40
-        # Slots as the scheduler sees them: a request being preempted has left ``running`` already
-        # (its abort is in flight), so it is not preempted a second time on the next round.
-        return EngineView(
-            free_slots=self._settings.num_running_max - len(running),
-            free_kv_tokens=capacity - sum(request.kv_tokens(slice_tokens) for request in running),
-            backlog=dict(self._backlog),
-            step_ms=self._step_ms,
+        return engine_view(
+            self.scheduler,
+            max_running=self._settings.num_running_max,
+            kv_capacity_tokens=self._engine.kv_capacity_tokens or 1 << 40,
+            backlog=self._backlog,
+            step_ms=self._step.value_ms,
         )
 
     async def _schedule_loop(self) -> None:
@@ -269,20 +256,15 @@ class Worker:
                 task.cancel()
         if decision.admit:
             self._room.set()
-        applied = self._budget_applied
-        if self._settings.scheduler.policy == "tailcut" and (
-            applied is None or abs(decision.token_budget - applied) >= BUDGET_APPLY_STEP
-        ):
-            self._budget_applied = decision.token_budget
-            await self._engine.set_token_budget(decision.token_budget)
+        budget = self._budget.update(decision.token_budget)
+        if budget is not None:
+            await self._engine.set_token_budget(budget)
 
     # --- one request --------------------------------------------------------------------------
 
     async def _serve(self, entry: IntakeEntry, request: SchedRequest) -> None:
         message = entry.message
-        seq = message.next_seq
-        generated = list(message.generated_token_ids)
-        slice_index = message.slice_index
+        life = RequestLifecycle(message, request, self.scheduler)
         started_ms = now_ms()
         outcome = "final"
 
@@ -292,30 +274,21 @@ class Worker:
         try:
             if await self._redis.exists(self._keys.cancelled(message.id)):
                 outcome = "cancelled"
-                emit(_error(message.id, seq, "cancelled", "the client cancelled the request"))
+                emit(life.error("cancelled", "the client cancelled the request"))
                 return
-            if started_ms > message.deadline_ms:
+            if life.expired(started_ms):
                 outcome = "expired"
-                emit(_error(message.id, seq, "expired", "the request's deadline passed before it could run"))
+                emit(life.error("expired", "the request's deadline passed before it could start"))
                 await self._writer.flush()
                 await intake.dead_letter(self._redis, self._keys, entry, "expired")
                 return
+            call = life.next_call()
             while True:
-                limit = self.scheduler.slice_limit(request)
-                sampling = replace(
-                    message.sampling,
-                    max_tokens=limit,
-                    min_tokens=max(0, min(message.sampling.min_tokens - len(generated), limit)),
-                )
                 finish_reason: str | None = None
-                slice_generated = 0
                 self.num_engine_calls += 1
                 last_delta = time.monotonic()
                 deltas = self._engine.generate(
-                    f"{message.id}-{slice_index}",
-                    message.prompt_token_ids + generated,
-                    sampling,
-                    priority=self.scheduler.engine_priority(request),
+                    call.engine_request_id, call.prompt_token_ids, call.sampling, priority=call.priority
                 )
                 # Closed however the loop ends, so the engine aborts an abandoned request at once.
                 async with contextlib.aclosing(deltas):
@@ -324,60 +297,43 @@ class Worker:
                             # The task was cancelled, but a library may have swallowed the
                             # CancelledError mid-call (redis-py does): stop here all the same.
                             raise asyncio.CancelledError
-                        if delta.token_ids or delta.text:
-                            if not slice_generated:
-                                # Its prompt no longer takes budget: a round now may admit more.
-                                self.scheduler.prefilled(message.id)
-                                self._wake.set()
-                            emit(
-                                OutputEvent(
-                                    rid=message.id, seq=seq, type="chunk", text=delta.text, token_ids=delta.token_ids
-                                )
-                            )
-                            seq += 1
-                            generated += delta.token_ids
-                            slice_generated += len(delta.token_ids)
+                        prefilling = not life.call_tokens
+                        event = life.on_output(delta.token_ids, delta.text)
+                        if event is not None:
+                            emit(event)
+                            if prefilling:
+                                self._wake.set()  # its prompt left the budget: a round may admit more
                             current = time.monotonic()
-                            gap_ms = (current - last_delta) * 1000
-                            self._step_ms += STEP_SMOOTHING * (gap_ms - self._step_ms)
+                            self._step.observe((current - last_delta) * 1000)
                             last_delta = current
                         if delta.finish_reason is not None:
                             finish_reason = delta.finish_reason
-                self.scheduler.advance(message.id, slice_generated)
-                if finish_reason != "length" or len(generated) >= message.sampling.max_tokens:
-                    emit(
-                        OutputEvent(
-                            rid=message.id,
-                            seq=seq,
-                            type="final",
-                            finish_reason=finish_reason or "stop",
-                            prompt_tokens=len(message.prompt_token_ids),
-                            completion_tokens=len(generated),
-                        )
-                    )
+                next_step = life.end_call(finish_reason, self.view)
+                if isinstance(next_step, Finished):
+                    emit(next_step.event)
                     return
-                slice_index += 1
-                if self.scheduler.at_slice_boundary(message.id, self.view()):
+                if isinstance(next_step, Yield):
                     outcome = "yielded"
                     self.num_yielded += 1
-                    await self._requeue(entry, generated, seq)
+                    await self._requeue(entry, next_step.message)
                     return
+                call = next_step.call
         except asyncio.CancelledError:
             if message.id in self._cancel_requested:
                 outcome = "cancelled"
-                emit(_error(message.id, seq, "cancelled", "the client cancelled the request"))
+                emit(life.error("cancelled", "the client cancelled the request"))
             elif message.id in self._preempting:
                 self._preempting.discard(message.id)
                 outcome = "preempted"
                 self.num_preempted += 1
-                await self._requeue(entry, generated, seq)
+                await self._requeue(entry, life.continuation())
             else:
                 # The worker is stopping: leave the entry pending; another worker takes it over
                 # after reclaim_after_ms and resumes from the output already written.
                 outcome = "abandoned"
         except InvalidRequestError as exc:
             outcome = "invalid"
-            emit(_error(message.id, seq, "invalid_request", exc.message))
+            emit(life.error("invalid_request", exc.message))
         except RedisError as exc:
             # Redis hiccup before or between slices: leave the entry pending; it is reclaimed (by us
             # or another worker) after reclaim_after_ms and resumes from the output written so far.
@@ -385,25 +341,24 @@ class Worker:
             log_event(log, "request_redis_error", logging.WARNING, rid=message.id, error=str(exc))
         except EngineDeadError as exc:
             outcome = "engine_dead"
-            emit(_error(message.id, seq, "engine_dead", "the inference engine failed; retry the request"))
+            emit(life.error("engine_dead", "the inference engine failed; retry the request"))
             self._fatal = exc
             self.stop()
         except Exception as exc:
             # A bug, not a client error: the client still gets its one terminal event.
             outcome = "failed"
             log.exception("request_failed rid=%s", message.id)
-            emit(_error(message.id, seq, "internal_error", f"the worker failed: {type(exc).__name__}"))
+            emit(life.error("internal_error", f"the worker failed: {type(exc).__name__}"))
         finally:
             await self._finish(entry, outcome, started_ms, request)
 
-    async def _requeue(self, entry: IntakeEntry, generated: list[int], next_seq: int) -> None:
-        """Hand the rest of the request back to the intake stream as a continuation.
+    async def _requeue(self, entry: IntakeEntry, message: RequestMessage) -> None:
+        """Hand the rest of the request back to the intake stream as the continuation ``message``.
 
         Everything emitted so far is flushed first: output stream ids must grow, so a continuation
         picked up elsewhere must never write before our earlier positions are in.
         """
         await self._writer.flush()
-        message = continuation(entry.message, generated, next_seq=next_seq)
         await intake.requeue(self._redis, self._keys, entry, message)
 
     async def _finish(
@@ -467,8 +422,9 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 now = time.time()
+                alive_until = now + WORKER_ALIVE_BEATS * self._settings.heartbeat_s
                 async with self._redis.pipeline(transaction=False) as pipe:
-                    pipe.zadd(self._keys.workers, {self.worker_id: now})
+                    pipe.zadd(self._keys.workers, {self.worker_id: alive_until})
                     pipe.zremrangebyscore(self._keys.workers, 0, now - STALE_WORKER_S)
                     await pipe.execute()
                 await intake.keep_claimed(self._redis, self.worker_id, list(self._entries.values()))
@@ -523,7 +479,7 @@ class Worker:
             return False
         self._writer.emit(
             entry.message.reply_to,
-            _error(request_id, entry.message.next_seq, "cancelled", "the client cancelled the request"),
+            error_event(request_id, entry.message.next_seq, "cancelled", "the client cancelled the request"),
         )
         await self._finish(entry, "cancelled", now_ms())
         return True
@@ -572,13 +528,13 @@ class Worker:
             # It finished; only the acknowledgement was lost.
             await intake.ack(self._redis, entry)
             return
-        next_seq = written[-1].seq + 1 if written else message.next_seq
+        entry.message = resumed(message, written)
         if entry.delivery_count > self._settings.max_deliveries:
             self._writer.emit(
                 message.reply_to,
-                _error(
+                error_event(
                     message.id,
-                    next_seq,
+                    entry.message.next_seq,
                     "max_deliveries",
                     f"the request was delivered {entry.delivery_count} times without finishing",
                 ),
@@ -586,16 +542,4 @@ class Worker:
             await self._writer.flush()
             await intake.dead_letter(self._redis, self._keys, entry, "max_deliveries")
             return
-        # Resume where the output stops: the prompt plus every token the client already has.
-        written_tokens = [token for event in written if event.type == "chunk" for token in event.token_ids]
-        entry.message = replace(
-            message,
-            generated_token_ids=written_tokens or message.generated_token_ids,
-            next_seq=next_seq,
-            attempt=message.attempt + 1,
-        )
         self._accept(entry)
-
-
-def _error(rid: str, seq: int, code: str, message: str) -> OutputEvent:
-    return OutputEvent(rid=rid, seq=seq, type="error", error_code=code, error_message=message)

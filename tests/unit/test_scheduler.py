@@ -11,7 +11,9 @@ import pytest
 from queues.keys import Bucket, Tier
 from workers.budget import BudgetConfig, RealtimeProgress, article_budget, room_budget, slack_budget
 from workers.fairshare import NEUTRAL_WEIGHT, DeficitRoundRobin, rtt_weight
-from workers.scheduler import EngineView, SchedRequest, Scheduler, SchedulerConfig
+from workers.policies import make_scheduler
+from workers.scheduler import TailcutPolicy
+from workers.scheduling import EngineView, SchedRequest, SchedulerConfig
 
 _ids = itertools.count()
 
@@ -39,7 +41,9 @@ def make(
 
 
 # The budget rule of the source article alone: no prefill chunking, no realtime reserve.
-ARTICLE = SchedulerConfig(budget=BudgetConfig(rule="article"), prefill_chunk_tokens=0, realtime_reserve_tokens=0)
+ARTICLE = SchedulerConfig(
+    budget=BudgetConfig(rule="article", min_tokens=512), prefill_chunk_tokens=0, realtime_reserve_tokens=0
+)
 
 
 def roomy(slots: int = 100, kv: int = 1_000_000, **kwargs: object) -> EngineView:
@@ -53,11 +57,11 @@ def roomy(slots: int = 100, kv: int = 1_000_000, **kwargs: object) -> EngineView
     ("num_short", "budget"), [(0, 512), (1, 512), (8, 512), (9, 576), (20, 1280), (32, 2048), (33, 2048), (500, 2048)]
 )
 def test_article_budget_formula_at_its_edges(num_short: int, budget: int) -> None:
-    assert article_budget(BudgetConfig(), num_short) == budget
+    assert article_budget(BudgetConfig(rule="article", min_tokens=512), num_short) == budget
 
 
 def test_slack_budget_is_large_until_a_realtime_request_runs_out_of_slack() -> None:
-    config = BudgetConfig(rule="slack", slack_margin_ms=100)
+    config = BudgetConfig(rule="slack", min_tokens=512, slack_margin_ms=100)
     relaxed = [RealtimeProgress(deadline_ms=5_000, remaining_tokens=10)]
     tight = [*relaxed, RealtimeProgress(deadline_ms=1_000, remaining_tokens=50)]
     assert slack_budget(config, [], now_ms=0, step_ms=20) == 2048
@@ -67,7 +71,7 @@ def test_slack_budget_is_large_until_a_realtime_request_runs_out_of_slack() -> N
 
 
 def test_admission_stops_when_the_budget_is_spent_short_bucket_first() -> None:
-    scheduler = Scheduler(ARTICLE)
+    scheduler = TailcutPolicy(ARTICLE)
     long_one = make("normal", bucket="long", prompt=400, arrival_ms=0)
     shorts = [make("normal", bucket="short", prompt=100, arrival_ms=1 + i, tenant=f"t{i}") for i in range(3)]
     scheduler.add(long_one)
@@ -83,7 +87,7 @@ def test_admission_stops_when_the_budget_is_spent_short_bucket_first() -> None:
 
 
 def test_a_prompt_longer_than_the_budget_is_still_admitted_first_in_a_round() -> None:
-    scheduler = Scheduler(ARTICLE)
+    scheduler = TailcutPolicy(ARTICLE)
     huge = make("background", bucket="long", prompt=1800)
     scheduler.add(huge)
     assert scheduler.schedule(roomy(), now_ms=0).admit == [huge]
@@ -101,7 +105,7 @@ def test_prompts_still_prefilling_take_one_chunk_of_every_round_until_their_firs
     config = SchedulerConfig(
         budget=BudgetConfig(rule="room", min_tokens=600), prefill_chunk_tokens=256, realtime_reserve_tokens=0
     )
-    scheduler = Scheduler(config)
+    scheduler = TailcutPolicy(config)
     backgrounds = [make("background", bucket="long", prompt=1500, arrival_ms=i) for i in range(4)]
     for request in backgrounds:
         scheduler.add(request)
@@ -117,7 +121,7 @@ def test_a_long_prompt_waits_for_an_engine_without_prefill_in_flight_when_it_doe
     config = SchedulerConfig(
         budget=BudgetConfig(rule="article", min_tokens=512), prefill_chunk_tokens=0, realtime_reserve_tokens=0
     )
-    scheduler = Scheduler(config)
+    scheduler = TailcutPolicy(config)
     first, second = make("background", prompt=1800, arrival_ms=0), make("background", prompt=1800, arrival_ms=1)
     scheduler.add(first)
     scheduler.add(second)
@@ -131,7 +135,7 @@ def test_the_realtime_reserve_is_left_free_by_lower_tiers_and_used_by_realtime()
     config = SchedulerConfig(
         budget=BudgetConfig(rule="article", min_tokens=600), prefill_chunk_tokens=256, realtime_reserve_tokens=200
     )
-    scheduler = Scheduler(config)
+    scheduler = TailcutPolicy(config)
     normals = [make("normal", bucket="medium", prompt=300, arrival_ms=i, tenant=f"t{i}") for i in range(2)]
     for request in normals:
         scheduler.add(request)
@@ -147,7 +151,7 @@ def test_the_realtime_reserve_is_left_free_by_lower_tiers_and_used_by_realtime()
 
 
 def test_exactly_three_cut_ins_then_one_lower_tier_admission() -> None:
-    scheduler = Scheduler(SchedulerConfig(max_cut_ins=3))
+    scheduler = TailcutPolicy(SchedulerConfig(max_cut_ins=3))
     background = make("background", arrival_ms=0)
     normal = make("normal", arrival_ms=1)
     realtime = [make("realtime", arrival_ms=10 + i) for i in range(6)]
@@ -159,7 +163,7 @@ def test_exactly_three_cut_ins_then_one_lower_tier_admission() -> None:
 
 
 def test_cut_in_limit_is_configurable() -> None:
-    scheduler = Scheduler(SchedulerConfig(max_cut_ins=1))
+    scheduler = TailcutPolicy(SchedulerConfig(max_cut_ins=1))
     background = make("background", arrival_ms=0)
     realtime = [make("realtime", arrival_ms=10 + i) for i in range(3)]
     for request in [background, *realtime]:
@@ -169,7 +173,7 @@ def test_cut_in_limit_is_configurable() -> None:
 
 
 def test_realtime_not_jumping_ahead_does_not_count_as_a_cut_in() -> None:
-    scheduler = Scheduler(SchedulerConfig(max_cut_ins=1))
+    scheduler = TailcutPolicy(SchedulerConfig(max_cut_ins=1))
     early = [make("realtime", arrival_ms=i) for i in range(3)]
     late_background = make("background", arrival_ms=50)
     for request in [*early, late_background]:
@@ -179,7 +183,7 @@ def test_realtime_not_jumping_ahead_does_not_count_as_a_cut_in() -> None:
 
 
 def test_every_tier_moves_when_realtime_never_stops_arriving() -> None:
-    scheduler = Scheduler(SchedulerConfig())
+    scheduler = TailcutPolicy(SchedulerConfig())
     background = make("background", arrival_ms=0)
     scheduler.add(background)
     admitted: list[str] = []
@@ -215,7 +219,7 @@ def test_fair_share_proportions_follow_the_weights_over_1000_rounds() -> None:
 
 
 def test_scheduler_fair_share_favours_the_tenant_with_the_worse_latency() -> None:
-    scheduler = Scheduler(SchedulerConfig(fair_quantum_tokens=100))
+    scheduler = TailcutPolicy(SchedulerConfig(fair_quantum_tokens=100))
     scheduler.observe_wait("slow", 800)
     scheduler.observe_wait("fast", 100)
     for index in range(1_000):
@@ -237,7 +241,7 @@ def test_scheduler_fair_share_favours_the_tenant_with_the_worse_latency() -> Non
 
 
 def test_background_is_preempted_when_higher_tiers_wait_and_slots_are_short() -> None:
-    scheduler = Scheduler(SchedulerConfig())
+    scheduler = TailcutPolicy(SchedulerConfig())
     old, new = make("background", arrival_ms=0), make("background", arrival_ms=5)
     scheduler.add(old)
     scheduler.add(new)
@@ -251,14 +255,14 @@ def test_background_is_preempted_when_higher_tiers_wait_and_slots_are_short() ->
 
 
 def test_no_preemption_while_capacity_suffices_or_for_other_policies() -> None:
-    scheduler = Scheduler(SchedulerConfig())
+    scheduler = TailcutPolicy(SchedulerConfig())
     background = make("background")
     scheduler.add(background)
     scheduler.schedule(roomy(slots=1), now_ms=0)
     scheduler.add(make("realtime", arrival_ms=1))
     assert scheduler.schedule(roomy(slots=4), now_ms=2).preempt == []
     for policy in ("fifo", "vllm-priority"):
-        plain = Scheduler(SchedulerConfig(policy=policy))  # type: ignore[arg-type]
+        plain = make_scheduler(SchedulerConfig(policy=policy))  # type: ignore[arg-type]
         plain.add(make("background"))
         plain.schedule(roomy(slots=1), now_ms=0)
         plain.add(make("realtime", arrival_ms=1))
@@ -266,7 +270,7 @@ def test_no_preemption_while_capacity_suffices_or_for_other_policies() -> None:
 
 
 def test_a_preempted_request_comes_back_as_a_continuation() -> None:
-    scheduler = Scheduler(SchedulerConfig())
+    scheduler = TailcutPolicy(SchedulerConfig())
     background = make("background", prompt=100, output=600)
     scheduler.add(background)
     scheduler.schedule(roomy(slots=1), now_ms=0)
@@ -283,9 +287,9 @@ def test_a_preempted_request_comes_back_as_a_continuation() -> None:
 
 def test_slices_are_256_tokens_for_tailcut_and_whole_requests_otherwise() -> None:
     request = make("background", output=1000)
-    assert Scheduler(SchedulerConfig()).slice_limit(request) == 256
-    assert Scheduler(SchedulerConfig(policy="fifo")).slice_limit(request) == 1000
-    scheduler = Scheduler(SchedulerConfig())
+    assert TailcutPolicy(SchedulerConfig()).slice_limit(request) == 256
+    assert make_scheduler(SchedulerConfig(policy="fifo")).slice_limit(request) == 1000
+    scheduler = TailcutPolicy(SchedulerConfig())
     scheduler.add(request)
     scheduler.schedule(roomy(), now_ms=0)
     limits = []
@@ -297,7 +301,7 @@ def test_slices_are_256_tokens_for_tailcut_and_whole_requests_otherwise() -> Non
 
 
 def test_a_slice_boundary_yields_only_when_higher_tiers_wait_and_capacity_is_short() -> None:
-    scheduler = Scheduler(SchedulerConfig())
+    scheduler = TailcutPolicy(SchedulerConfig())
     background = make("background", output=1000)
     scheduler.add(background)
     scheduler.schedule(roomy(slots=1), now_ms=0)
@@ -312,7 +316,7 @@ def test_a_slice_boundary_yields_only_when_higher_tiers_wait_and_capacity_is_sho
 
 
 def test_waiting_work_in_redis_counts_for_budget_and_yield() -> None:
-    scheduler = Scheduler(SchedulerConfig())
+    scheduler = TailcutPolicy(SchedulerConfig())
     normal = make("normal", output=1000)
     scheduler.add(normal)
     scheduler.schedule(roomy(slots=1), now_ms=0)
@@ -326,19 +330,19 @@ def test_waiting_work_in_redis_counts_for_budget_and_yield() -> None:
 
 
 def test_fifo_admits_in_arrival_order_whatever_the_tier() -> None:
-    scheduler = Scheduler(SchedulerConfig(policy="fifo"))
+    scheduler = make_scheduler(SchedulerConfig(policy="fifo"))
     requests = [make("background", arrival_ms=0), make("realtime", arrival_ms=1), make("normal", arrival_ms=2)]
     for request in reversed(requests):
         scheduler.add(request)
     decision = scheduler.schedule(roomy(slots=2), now_ms=5)
     assert decision.admit == requests[:2]
     assert [scheduler.engine_priority(request) for request in requests] == [0, 0, 0]
-    priority = Scheduler(SchedulerConfig(policy="vllm-priority"))
+    priority = make_scheduler(SchedulerConfig(policy="vllm-priority"))
     assert [priority.engine_priority(request) for request in requests] == [2, 0, 1]
 
 
 def test_long_normal_work_is_bypassed_by_shorter_buckets_at_most_three_times_in_a_row() -> None:
-    scheduler = Scheduler(SchedulerConfig(max_cut_ins=3))
+    scheduler = TailcutPolicy(SchedulerConfig(max_cut_ins=3))
     long_one = make("normal", bucket="long", prompt=300, arrival_ms=0)
     scheduler.add(long_one)
     picks: list[str] = []

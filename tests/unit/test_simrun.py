@@ -11,12 +11,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from api.shedding import ShedLimits
+from admission.shedding import ShedLimits
 from bench.policies import Job, Variant, records_of, run_job
 from bench.simrun import SimConfig, SimRun, fifo_capacity_rps, floor_e2e_ms, mean_step_us, simulate
 from bench.workloads import load_workload, poisson_trace
 from workers.engines.costmodel import PROFILES
-from workers.scheduler import SchedulerConfig
+from workers.scheduling import SchedulerConfig
 
 H100 = PROFILES["h100-llama3-8b"]
 SEED_MIX = load_workload("seed-mix")

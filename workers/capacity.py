@@ -1,0 +1,64 @@
+"""How the driver of a policy (the worker, the simulator) sees its engine: capacity left, the step time,
+and when the engine's step budget should follow the scheduler's (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from queues.keys import Bucket, Tier
+from workers.scheduling import EngineView, SchedulingPolicy
+
+# Weight of the newest step time in the smoothed one the scheduler sees (its slack rule).
+STEP_SMOOTHING = 0.2
+# The engine's step budget is changed only when the scheduler's moves by this much: the room rule
+# follows the running count, and each change is a call into vLLM's engine process.
+BUDGET_APPLY_STEP = 64
+
+
+def engine_view(
+    scheduler: SchedulingPolicy,
+    *,
+    max_running: int,
+    kv_capacity_tokens: int,
+    backlog: Mapping[tuple[Tier, Bucket], int],
+    step_ms: float,
+) -> EngineView:
+    """Slots and KV as the scheduler sees them: a request being preempted has left ``running``
+    already (its abort is in flight), so it is not preempted a second time on the next round."""
+    running = scheduler.running.values()
+    slice_tokens = scheduler.config.slice_tokens
+    # ``SchedRequest.kv_tokens`` written out: this runs every round, over every running request.
+    kv_tokens = sum(request.prompt_tokens + min(request.remaining_tokens, slice_tokens) for request in running)
+    return EngineView(
+        free_slots=max_running - len(running),
+        free_kv_tokens=kv_capacity_tokens - kv_tokens,
+        backlog=dict(backlog),
+        step_ms=step_ms,
+    )
+
+
+class StepTimer:
+    """The engine step time, smoothed: the worker observes the gap between a request's deltas (one
+    per engine step), the simulator each step's duration."""
+
+    def __init__(self, initial_ms: float = 20.0) -> None:
+        self.value_ms = initial_ms
+
+    def observe(self, step_ms: float) -> None:
+        self.value_ms += STEP_SMOOTHING * (step_ms - self.value_ms)
+
+
+class BudgetFollower:
+    """Decides when the engine's per-step token budget follows the scheduler's."""
+
+    def __init__(self, applied: int | None) -> None:
+        self.applied = applied  # the value in force; None: unknown
+
+    def update(self, budget: int | None) -> int | None:
+        """The budget to apply to the engine now (counted as applied), or None to leave it."""
+        if budget is None:
+            return None
+        if self.applied is not None and abs(budget - self.applied) < BUDGET_APPLY_STEP:
+            return None
+        self.applied = budget
+        return budget

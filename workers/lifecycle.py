@@ -1,0 +1,158 @@
+"""One request's run on a worker as a pure state machine: deltas in; emit, continue, yield or finish out.
+
+The live worker (``workers.worker``) and the simulator (``bench.simrun``) drive this same object — the
+worker with an engine's streamed deltas, the simulator with its virtual-clock steps — so a figure from
+the simulator is worth exactly this sameness. It owns the output positions (``seq``), the tokens
+generated so far, the slice index and the engine request id; the driver owns the I/O (writing the
+events, re-queueing, acknowledging) and the engine calls.
+
+Engine request ids are ``{request id}-{attempt}-{slice}``: the slice index counts every engine call of
+the request, continuations included (a continuation carries the next unused index), and the attempt
+counts take-overs by other workers, so no engine ever sees one id twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from queues.messages import OutputEvent, RequestMessage, SamplingSpec
+from workers.scheduling import EngineView, SchedRequest, SchedulingPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCall:
+    """One engine request: the original prompt plus every token generated so far, at most one slice."""
+
+    engine_request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingSpec
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """Emit ``event`` (the final one); the request is done."""
+
+    event: OutputEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Continue:
+    """Run ``call`` next, at once."""
+
+    call: EngineCall
+
+
+@dataclass(frozen=True, slots=True)
+class Yield:
+    """Hand ``message`` (a continuation) back to the intake stream; this run is over."""
+
+    message: RequestMessage
+
+
+CallOutcome = Finished | Continue | Yield
+
+
+class RequestLifecycle:
+    def __init__(self, message: RequestMessage, request: SchedRequest, scheduler: SchedulingPolicy) -> None:
+        self.message = message
+        self.request = request
+        self._scheduler = scheduler
+        self.seq = message.next_seq  # position of the next event
+        self.generated = list(message.generated_token_ids)
+        self.slice_index = message.slice_index  # of the next engine call
+        self.call_tokens = 0  # tokens the current engine call produced so far
+        self.num_calls = 0
+
+    @property
+    def id(self) -> str:
+        return self.message.id
+
+    @property
+    def started(self) -> bool:
+        """Some output already reached the client (a continuation, or a run taken over)."""
+        return bool(self.generated) or self.seq > 1
+
+    def expired(self, now_ms: int) -> bool:
+        """Deadlines mean "start by": a request that has started is never expired."""
+        return not self.started and now_ms > self.message.deadline_ms
+
+    def error(self, code: str, text: str) -> OutputEvent:
+        """The request's one terminal error, at the next position."""
+        return error_event(self.id, self.seq, code, text)
+
+    def next_call(self) -> EngineCall:
+        limit = self._scheduler.slice_limit(self.request)
+        min_tokens = self.message.sampling.min_tokens - len(self.generated)
+        call = EngineCall(
+            engine_request_id=f"{self.id}-{self.message.attempt}-{self.slice_index}",
+            prompt_token_ids=self.message.prompt_token_ids + self.generated,
+            sampling=replace(self.message.sampling, max_tokens=limit, min_tokens=max(0, min(min_tokens, limit))),
+            priority=self._scheduler.engine_priority(self.request),
+        )
+        self.slice_index += 1
+        self.call_tokens = 0
+        self.num_calls += 1
+        return call
+
+    def on_output(self, token_ids: list[int], text: str, *, event: bool = True) -> OutputEvent | None:
+        """New output of the current call; the chunk event to emit, if there is anything to say.
+        ``event=False``: advance the same, without building the event (the simulator sends nothing)."""
+        if not token_ids and not text:
+            return None
+        if not self.call_tokens:
+            # Its prompt no longer takes budget: the next round may admit more.
+            self._scheduler.prefilled(self.id)
+        seq = self.seq
+        self.seq += 1
+        self.generated += token_ids
+        self.call_tokens += len(token_ids)
+        if not event:
+            return None
+        return OutputEvent(rid=self.id, seq=seq, type="chunk", text=text, token_ids=token_ids)
+
+    def end_call(self, finish_reason: str | None, view: Callable[[], EngineView]) -> CallOutcome:
+        """The current call ended (``finish_reason`` as the engine said): finish, go on, or yield."""
+        self._scheduler.advance(self.id, self.call_tokens)
+        if finish_reason != "length" or len(self.generated) >= self.message.sampling.max_tokens:
+            return Finished(
+                OutputEvent(
+                    rid=self.id,
+                    seq=self.seq,
+                    type="final",
+                    finish_reason=finish_reason or "stop",
+                    prompt_tokens=len(self.message.prompt_token_ids),
+                    completion_tokens=len(self.generated),
+                )
+            )
+        if self._scheduler.at_slice_boundary(self.id, view()):
+            return Yield(self.continuation())
+        return Continue(self.next_call())
+
+    def continuation(self) -> RequestMessage:
+        """The message that resumes this request after the output so far (a yield, a preemption).
+
+        The original arrival time travels on, so a continuation keeps its place in the tier order, and
+        the client sees one stream: positions continue at ``seq``, the prompt grows by the tokens it
+        already has, and ``max_tokens`` still counts from the original request.
+        """
+        return replace(
+            self.message, generated_token_ids=list(self.generated), next_seq=self.seq, slice_index=self.slice_index
+        )
+
+
+def error_event(request_id: str, seq: int, code: str, text: str) -> OutputEvent:
+    return OutputEvent(rid=request_id, seq=seq, type="error", error_code=code, error_message=text)
+
+
+def resumed(message: RequestMessage, written: list[OutputEvent]) -> RequestMessage:
+    """``message`` taken over from a dead worker: it resumes where its durable output stops (the
+    prompt plus every token the client already has), as a new attempt."""
+    written_tokens = [token for event in written if event.type == "chunk" for token in event.token_ids]
+    return replace(
+        message,
+        generated_token_ids=written_tokens or message.generated_token_ids,
+        next_seq=written[-1].seq + 1 if written else message.next_seq,
+        attempt=message.attempt + 1,
+    )

@@ -1,0 +1,214 @@
+"""What every scheduling policy shares: the scheduler's view of a request and of the engine, its
+decision, its configuration, and the interface the worker (and the simulator) drive (pure).
+
+A policy is an object (``workers.policies.make_scheduler``): ``fifo`` and ``vllm-priority`` in
+``workers.policies``, ``tailcut`` in ``workers.scheduler``. The driver feeds it requests and an
+``EngineView`` with the current time and carries out its ``Decision``; no policy reads Redis, an
+engine or a clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from queues.keys import Bucket, Tier
+from queues.messages import RequestMessage
+from workers.budget import BudgetConfig
+
+PolicyName = Literal["tailcut", "fifo", "vllm-priority"]
+
+TIER_RANK: dict[Tier, int] = {"realtime": 0, "normal": 1, "background": 2}
+BUCKET_RANK: dict[Bucket, int] = {"short": 0, "medium": 1, "long": 2}
+
+
+@dataclass(slots=True)
+class SchedRequest:
+    """A request as the scheduler sees it; a continuation's prompt includes its earlier output."""
+
+    id: str
+    tier: Tier
+    bucket: Bucket
+    tenant: str
+    arrival_ms: int
+    deadline_ms: int
+    prompt_tokens: int
+    remaining_tokens: int
+
+    @classmethod
+    def of(cls, message: RequestMessage) -> SchedRequest:
+        generated = len(message.generated_token_ids)
+        return cls(
+            id=message.id,
+            tier=message.tier,
+            bucket=message.bucket,
+            tenant=message.tenant,
+            arrival_ms=message.enqueued_at_ms,
+            deadline_ms=message.deadline_ms,
+            prompt_tokens=len(message.prompt_token_ids) + generated,
+            remaining_tokens=message.sampling.max_tokens - generated,
+        )
+
+    def kv_tokens(self, slice_tokens: int) -> int:
+        """KV the next engine call may fill: the prompt plus one slice of output."""
+        return self.prompt_tokens + min(self.remaining_tokens, slice_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    policy: PolicyName = "tailcut"
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    max_cut_ins: int = 3
+    slice_tokens: int = 256
+    # Most prompt tokens the engine computes per request and step (vLLM's
+    # ``long_prefill_token_threshold``; 0: a whole prompt may fill a step). Admitted prompts still
+    # being prefilled take this much of every round's budget until their first token.
+    prefill_chunk_tokens: int = 256
+    # Tokens of every round's budget that only realtime prompts may use: running requests go first
+    # in an engine step, so without a reserve a realtime prompt waits for lower-tier prefills.
+    realtime_reserve_tokens: int = 256
+    fair_quantum_tokens: int = 512
+    fair_min_weight: float = 0.25
+    fair_max_weight: float = 8.0
+    # Weight of the newest queue wait in a tenant's moving average (its "recent latency").
+    rtt_smoothing: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class EngineView:
+    """The engine's capacity right now, and what waits in Redis that this worker has not read."""
+
+    free_slots: int
+    free_kv_tokens: int
+    backlog: dict[tuple[Tier, Bucket], int] = field(default_factory=dict)
+    step_ms: float = 20.0
+
+    def backlog_of(self, *, tiers: tuple[Tier, ...] = (), buckets: tuple[Bucket, ...] = ()) -> int:
+        return sum(
+            count
+            for (tier, bucket), count in self.backlog.items()
+            if (not tiers or tier in tiers) and (not buckets or bucket in buckets)
+        )
+
+
+@dataclass(slots=True)
+class Decision:
+    admit: list[SchedRequest] = field(default_factory=list)
+    preempt: list[SchedRequest] = field(default_factory=list)
+    # Per-step token budget to apply to the engine; None: leave the engine's own.
+    token_budget: int | None = None
+
+
+class SchedulingPolicy(Protocol):
+    """What the worker and the simulator drive. Between rounds (``schedule``): ``add`` (a request
+    arrived), ``prefilled`` (its first token), ``advance`` and ``at_slice_boundary`` (a slice ended:
+    continue or yield?), ``finish`` / ``remove`` (it left)."""
+
+    config: SchedulerConfig
+
+    @property
+    def running(self) -> dict[str, SchedRequest]: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def steers_token_budget(self) -> bool:
+        """Whether decisions carry a token budget for the engine's steps."""
+        ...
+
+    def waiting(self) -> Iterator[SchedRequest]: ...
+
+    def add(self, request: SchedRequest) -> None: ...
+
+    def remove(self, request_id: str) -> SchedRequest | None:
+        """Forget a waiting or running request (cancelled, expired, preempted by hand)."""
+        ...
+
+    def finish(self, request_id: str, request: SchedRequest | None = None) -> None:
+        """The request left the engine; with ``request``, only if that is the one running under this
+        id (a continuation of it may already be running again)."""
+        ...
+
+    def prefilled(self, request_id: str) -> None: ...
+
+    def advance(self, request_id: str, num_generated: int) -> None: ...
+
+    def schedule(self, view: EngineView, now_ms: int) -> Decision: ...
+
+    def slice_limit(self, request: SchedRequest) -> int:
+        """Most tokens the next engine call of ``request`` may produce."""
+        ...
+
+    def engine_priority(self, request: SchedRequest) -> int: ...
+
+    def at_slice_boundary(self, request_id: str, view: EngineView) -> bool:
+        """``True``: the request yields (the caller re-queues it as a continuation); ``False``: go on."""
+        ...
+
+    def prefetch_room(self, tier: Tier, prefetch: int) -> int:
+        """How many more requests of ``tier`` the driver may read ahead into the local queue."""
+        ...
+
+
+class RequestHeap:
+    """Requests ordered by a key; stable for equal keys."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[tuple[int, ...], int, SchedRequest]] = []
+        self._counter = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[SchedRequest]:
+        return (item for _key, _n, item in self._items)
+
+    def push(self, key: tuple[int, ...], request: SchedRequest) -> None:
+        heapq.heappush(self._items, (key, next(self._counter), request))
+
+    def peek(self) -> SchedRequest | None:
+        return self._items[0][2] if self._items else None
+
+    def pop(self) -> SchedRequest:
+        return heapq.heappop(self._items)[2]
+
+    def remove(self, request_id: str) -> SchedRequest | None:
+        for index, (_key, _n, request) in enumerate(self._items):
+            if request.id == request_id:
+                self._items.pop(index)
+                heapq.heapify(self._items)
+                return request
+        return None
+
+
+class RunningTable:
+    """The requests a policy has in the engine; the part every policy shares."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, SchedRequest] = {}
+
+    @property
+    def running(self) -> dict[str, SchedRequest]:
+        return self._running
+
+    def finish(self, request_id: str, request: SchedRequest | None = None) -> None:
+        if request is None or self._running.get(request_id) is request:
+            self._running.pop(request_id, None)
+            self._forget(request_id)
+
+    def advance(self, request_id: str, num_generated: int) -> None:
+        """A slice produced ``num_generated`` tokens: they become part of the prompt of the next one."""
+        request = self._running.get(request_id)
+        if request is not None:
+            request.prompt_tokens += num_generated
+            request.remaining_tokens -= num_generated
+
+    def prefilled(self, request_id: str) -> None:
+        """The engine produced the request's first token (only ``tailcut`` counts prefills)."""
+
+    def _forget(self, request_id: str) -> None:
+        """Drop per-request state beyond the running table (a hook for subclasses)."""
