@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+import httpx
+import orjson
 import pytest
 import redis.asyncio as aioredis
 
@@ -15,9 +23,11 @@ from queues.keys import WORKER_GROUP, Keys
 from queues.messages import OutputEvent, RequestMessage, SamplingSpec
 from queues.output import OutputWriter
 from queues.replies import ReplyRouter
+from tests.conftest import TEST_KV_CACHE_BYTES, TEST_MAX_MODEL_LEN
 from tests.e2e.conftest import API_ID
 from tests.e2e.test_streaming import reference_ids
-from tests.stack import running_workers
+from tests.sse import DONE, finish_reasons, stream_events, streamed_token_ids
+from tests.stack import running_stack, running_workers
 from workers.engines.vllm_engine import VllmEngine
 from workers.settings import WorkerSettings
 
@@ -105,3 +115,95 @@ async def test_entry_delivered_too_often_goes_to_the_dead_letter_stream_with_one
     (dead,) = await redis.xrange(keys.dead_letter)
     assert dead[1][b"reason"] == b"max_deliveries"
     assert (await redis.xpending(stream, WORKER_GROUP))["pending"] == 0
+
+
+def streamed_text(events: list[Any]) -> str:
+    return "".join(
+        event["choices"][0].get("text", "") for event in events if isinstance(event, dict) and event.get("choices")
+    )
+
+
+async def test_a_sigkilled_worker_process_mid_stream_leaves_the_client_an_uninterrupted_greedy_answer(
+    redis_url: str, tiny_model: Path, engine: VllmEngine, tmp_path: Path
+) -> None:
+    """A real worker process (its own vLLM engine) is SIGKILLed while it streams; a second worker takes
+    the request over and the client's stream goes on: the same token ids and the same text as an
+    uninterrupted greedy run of the same request, each position once."""
+    body = {
+        "model": "tiny",
+        "prompt": list(range(10, 42)),
+        "max_tokens": 400,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    async with running_stack(redis_url, tiny_model, None) as stack:
+        survivor = WorkerSettings(
+            redis_url=redis_url,
+            key_prefix=stack.keys.prefix,
+            model=str(tiny_model),
+            worker_id="survivor",
+            read_block_ms=100,
+            heartbeat_s=0.05,
+            reclaim_after_ms=500,
+            reclaim_interval_s=0.1,
+        )
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=120) as client:
+            # The uninterrupted reference, served by the survivor alone.
+            async with running_workers([survivor], engine, redis_url):
+                reference = await stream_events(client, "/v1/completions", body)
+            env = {
+                **os.environ,
+                "TAILCUT_REDIS_URL": redis_url,
+                "TAILCUT_KEY_PREFIX": stack.keys.prefix,
+                "TAILCUT_MODEL": str(tiny_model),
+                "TAILCUT_MAX_MODEL_LEN": str(TEST_MAX_MODEL_LEN),
+                "TAILCUT_WORKER_ID": "doomed",
+                "TAILCUT_HEARTBEAT_S": "0.1",
+                "TAILCUT_ENGINE__KV_CACHE_MEMORY_BYTES": str(TEST_KV_CACHE_BYTES),
+                "TAILCUT_ENGINE__MAX_NUM_SEQS": "8",
+            }
+            log = (tmp_path / "doomed.log").open("wb")
+            command = [sys.executable, "-m", "tailcut", "worker"]
+            doomed = await asyncio.create_subprocess_exec(
+                *command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                await wait_for_worker(stack.redis, stack.keys, "doomed", doomed, timeout_s=180)
+                events: list[Any] = []
+                chunks_when_killed = 0
+                async with contextlib.AsyncExitStack() as takeover:
+                    async with client.stream("POST", "/v1/completions", json=body) as response:
+                        assert response.status_code == 200
+                        async for line in response.aiter_lines():
+                            if not line.startswith("data: "):
+                                continue
+                            payload = line.removeprefix("data: ")
+                            events.append(DONE if payload == DONE else orjson.loads(payload))
+                            if len(events) == 40 and doomed.returncode is None:
+                                doomed.kill()  # SIGKILL: no drain, no goodbye; its entry stays pending
+                                await doomed.wait()
+                                chunks_when_killed = len(events)
+                                # Only now a second worker exists to take the request over.
+                                await takeover.enter_async_context(running_workers([survivor], engine, redis_url))
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(doomed.pid, signal.SIGKILL)  # its engine-core process too
+                await doomed.wait()
+                log.close()
+    assert chunks_when_killed == 40, "the worker was not killed mid-stream"
+    assert len(streamed_token_ids(reference)) == 400
+    assert streamed_token_ids(events) == streamed_token_ids(reference)
+    assert streamed_text(events) == streamed_text(reference)
+    assert events[-1] == DONE and finish_reasons(events) == ["length"]
+
+
+async def wait_for_worker(
+    redis: aioredis.Redis, keys: Keys, worker_id: str, process: asyncio.subprocess.Process, *, timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while await redis.zscore(keys.workers, worker_id) is None:
+        assert process.returncode is None, f"the worker process exited with status {process.returncode} during start"
+        assert time.monotonic() < deadline, f"the worker process was not serving after {timeout_s:.0f} s"
+        await asyncio.sleep(0.2)
