@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from bench.live_records import latencies_ms, paired_delta_ms
 from bench.simrun import floor_e2e_ms
-from bench.stats import RequestRecord, Summary, attainment, summarize
+from bench.stats import RequestRecord, attainment, field_of, summarize
 from bench.workloads import Workload
 from queues.keys import TIERS
 from workers.engines.costmodel import CostModel
@@ -75,21 +75,17 @@ def side(
             "ok": sum(record.status == "ok" for record in mine),
             "rejected": sum(record.status == "rejected" for record in mine),
             "errors": sum(record.status == "error" for record in mine),
-            "p50_ttft_ms": _p(ttft, "p50"),
-            "p90_ttft_ms": _p(ttft, "p90"),
-            "p99_ttft_ms": _p(ttft, "p99"),
-            "p50_e2e_ms": _p(e2e, "p50"),
-            "p99_e2e_ms": _p(e2e, "p99"),
-            "max_e2e_ms": _p(e2e, "max"),
+            "p50_ttft_ms": field_of(ttft, "p50"),
+            "p90_ttft_ms": field_of(ttft, "p90"),
+            "p99_ttft_ms": field_of(ttft, "p99"),
+            "p50_e2e_ms": field_of(e2e, "p50"),
+            "p99_e2e_ms": field_of(e2e, "p99"),
+            "max_e2e_ms": field_of(e2e, "max"),
             "floor_e2e_ms": floor_e2e_ms(setup.workload, setup.cost, rate_rps, tier),
             "attainment": attainment(mine, setup.workload.mix(tier).slo),
         }
     metrics["background_tokens_per_s"] = background_tokens / setup.duration_s
     return Side(records, end_s, background_tokens, metrics, stats)
-
-
-def _p(summary: Summary | None, name: str) -> float | None:
-    return None if summary is None else float(getattr(summary, name))
 
 
 @dataclass(slots=True)
@@ -112,7 +108,7 @@ class PolicyResult:
         during one of its stalls (the same requests left out on both clocks)."""
         stalled = set(self.live.stats.get("client_stalls", {}).get("first_token_awaited", []))
         mine = [record for record in side.records if record.tier == "realtime" and record.index not in stalled]
-        return _p(summarize(latencies_ms(mine, "ttft_ms", side.end_s)), "p99") or 0.0
+        return field_of(summarize(latencies_ms(mine, "ttft_ms", side.end_s)), "p99") or 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from typing import Any
 from admission.shedding import ShedLimits
 from bench.simrun import SIMULATOR_NOTE, SimConfig, SimPolicyName, SimRun, fifo_capacity_rps, simulate
 from bench.simrun import floor_e2e_ms as floor_of
-from bench.stats import RequestRecord, Status, Summary, TargetCheck, attainment, summarize, tpot_ms
+from bench.stats import RequestRecord, Status, TargetCheck, attainment, field_of, summarize, tpot_ms
 from bench.workloads import Workload, poisson_trace
 from queues.keys import Tier
 from workers.budget import BudgetConfig
@@ -167,12 +167,12 @@ def run_job(job: Job) -> JobResult:
                 "load": job.load,
                 "tier": tier,
                 "requests": len(mine),
-                "p50_ttft_ms": _p(ttft_summary, "p50"),
-                "p99_ttft_ms": _p(ttft_summary, "p99"),
-                "p50_e2e_ms": _p(e2e_summary, "p50"),
-                "p90_e2e_ms": _p(e2e_summary, "p90"),
-                "p99_e2e_ms": _p(e2e_summary, "p99"),
-                "max_e2e_ms": _p(e2e_summary, "max"),
+                "p50_ttft_ms": field_of(ttft_summary, "p50"),
+                "p99_ttft_ms": field_of(ttft_summary, "p99"),
+                "p50_e2e_ms": field_of(e2e_summary, "p50"),
+                "p90_e2e_ms": field_of(e2e_summary, "p90"),
+                "p99_e2e_ms": field_of(e2e_summary, "p99"),
+                "max_e2e_ms": field_of(e2e_summary, "max"),
                 "floor_e2e_ms": floor_of(job.workload, job.cost, job.rate_rps, tier),
                 "attainment": attainment(mine, job.workload.mix(tier).slo),
                 "output_tokens_per_s": run.window_output_tokens[tier] / job.duration_s,
@@ -205,10 +205,6 @@ def run_job(job: Job) -> JobResult:
             "max_running": run.kv.max_running,
         },
     )
-
-
-def _p(summary: Summary | None, name: str) -> float | None:
-    return None if summary is None else float(getattr(summary, name))
 
 
 @dataclass(slots=True)

@@ -71,6 +71,11 @@ class Summary:
     max: float
 
 
+def field_of(summary: Summary | None, name: str) -> float | None:
+    """One figure of a summary (``p50``, ``p99``, ...); None for a group with nothing in it."""
+    return None if summary is None else float(getattr(summary, name))
+
+
 def summarize(values: Sequence[float]) -> Summary | None:
     """P50/P90/P99 with numpy's default (linear) interpolation; None when there is nothing to summarise."""
     if not values:
