@@ -1,21 +1,27 @@
 """Intake streams: enqueue with XADD, read with XREADGROUP, acknowledge after the terminal event.
 
 The consumer group is created idempotently with MKSTREAM; a ``NOGROUP`` reply (Redis restarted or
-was flushed) recreates it and retries once.
+was flushed) recreates it and retries once. Every delivery (a read, a take-over) gives the request a
+new fencing token (``queues.fencing``); acknowledging, requeueing and dead-lettering are refused to a
+holder of an older one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from queues.keys import WORKER_GROUP, Keys
+from queues import fencing
+from queues.keys import FENCE_TTL_S, WORKER_GROUP, Keys
 from queues.messages import RequestMessage
 
 # Field of an intake entry that holds the orjson-encoded RequestMessage.
 MESSAGE_FIELD = b"d"
+# The dead-letter stream keeps about this many entries.
+DEAD_LETTER_MAXLEN = 100_000
 
 
 @dataclass(slots=True)
@@ -26,6 +32,8 @@ class IntakeEntry:
     entry_id: str
     message: RequestMessage
     delivery_count: int = 1
+    # This delivery's fencing token (0: unfenced, an entry outside any delivery).
+    fence: int = 0
 
 
 async def ensure_groups(redis: aioredis.Redis, keys: Keys) -> None:
@@ -77,48 +85,84 @@ async def read(
                     message=RequestMessage.loads(fields[MESSAGE_FIELD]),
                 )
             )
+    await fence(redis, keys, entries)
     return entries
 
 
-async def ack(redis: aioredis.Redis, entry: IntakeEntry) -> None:
-    """Acknowledge and delete a finished entry: one group per stream, so nobody else needs it."""
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.xack(entry.stream, WORKER_GROUP, entry.entry_id)
-        pipe.xdel(entry.stream, entry.entry_id)
-        await pipe.execute()
-
-
-async def dead_letter(redis: aioredis.Redis, keys: Keys, entry: IntakeEntry, reason: str) -> None:
-    """Move an entry to the dead-letter stream with its reason, then acknowledge it."""
-    await redis.xadd(
-        keys.dead_letter,
-        {b"reason": reason, b"stream": entry.stream, MESSAGE_FIELD: entry.message.dumps()},
-        maxlen=100_000,
-        approximate=True,
-    )
-    await ack(redis, entry)
-
-
-async def keep_claimed(redis: aioredis.Redis, consumer: str, entries: list[IntakeEntry]) -> None:
-    """Reset the idle time of entries this consumer is still working on, so nobody reclaims them."""
-    by_stream: dict[str, list[int | bytes | str | memoryview]] = {}
-    for entry in entries:
-        by_stream.setdefault(entry.stream, []).append(entry.entry_id)
-    if not by_stream:
+async def fence(redis: aioredis.Redis, keys: Keys, entries: Sequence[IntakeEntry]) -> None:
+    """Give each freshly delivered entry the request's next fencing token: from now on the holder of
+    any earlier token can no longer write the request's output or acknowledge its entry."""
+    if not entries:
         return
     async with redis.pipeline(transaction=False) as pipe:
-        for stream, ids in by_stream.items():
-            pipe.xclaim(stream, WORKER_GROUP, consumer, min_idle_time=0, message_ids=ids, justid=True)
-        await pipe.execute()
+        for entry in entries:
+            pipe.incr(keys.fence(entry.message.id))
+            pipe.expire(keys.fence(entry.message.id), FENCE_TTL_S)
+        replies = await pipe.execute()
+    for entry, token in zip(entries, replies[::2], strict=True):
+        entry.fence = int(token)
+
+
+async def ack(redis: aioredis.Redis, keys: Keys, entry: IntakeEntry) -> bool:
+    """Acknowledge and delete a finished entry (one group per stream, so nobody else needs it) and
+    drop its fencing token; False, and nothing done, when a newer delivery holds the request."""
+    done = await fencing.run(
+        redis, fencing.ACK, [keys.fence(entry.message.id), entry.stream], [entry.fence, WORKER_GROUP, entry.entry_id]
+    )
+    return bool(done)
+
+
+async def dead_letter(redis: aioredis.Redis, keys: Keys, entry: IntakeEntry, reason: str) -> bool:
+    """Move an entry to the dead-letter stream with its reason and acknowledge it; False when fenced."""
+    done = await fencing.run(
+        redis,
+        fencing.DEAD_LETTER,
+        [keys.fence(entry.message.id), entry.stream, keys.dead_letter],
+        [entry.fence, WORKER_GROUP, entry.entry_id, reason, MESSAGE_FIELD, entry.message.dumps(), DEAD_LETTER_MAXLEN],
+    )
+    return bool(done)
+
+
+async def keep_claimed(redis: aioredis.Redis, keys: Keys, consumer: str, entries: list[IntakeEntry]) -> list[str]:
+    """Reset the idle time of entries this consumer is still working on, so nobody reclaims them;
+    returns the request ids of those a newer delivery holds (this consumer must let them go)."""
+    if not entries:
+        return []
+    script_keys = [key for entry in entries for key in (keys.fence(entry.message.id), entry.stream)]
+    args: list[str | int] = [WORKER_GROUP, consumer]
+    for entry in entries:
+        args += [entry.fence, entry.entry_id]
+    fenced = await fencing.run(redis, fencing.KEEP_CLAIMED, script_keys, args)
+    return [entries[int(index) - 1].message.id for index in fenced]
 
 
 async def reclaim(
-    redis: aioredis.Redis, consumer: str, stream: str, *, min_idle_ms: int, count: int
+    redis: aioredis.Redis, keys: Keys, consumer: str, stream: str, *, min_idle_ms: int, count: int
 ) -> list[IntakeEntry]:
     """Take over up to ``count`` entries of ``stream`` idle longer than ``min_idle_ms`` (their
-    consumer died or hangs); each comes with its delivery count, this delivery included."""
+    consumer died or hangs); each comes with its delivery count, this delivery included, and no
+    fencing token yet: the caller gives one (``fence``) to those it takes on."""
     reply = await redis.xautoclaim(stream, WORKER_GROUP, consumer, min_idle_ms, start_id="0-0", count=count)
-    claimed = reply[1]
+    return await _claimed(redis, stream, reply[1])
+
+
+async def take_over(
+    redis: aioredis.Redis, keys: Keys, consumer: str, dead: str, stream: str, *, min_idle_ms: int, count: int
+) -> list[IntakeEntry]:
+    """Claim up to ``count`` entries of ``stream`` pending on the consumer ``dead`` (its heartbeat
+    stopped), idle at least ``min_idle_ms`` so that two survivors never claim the same one; unfenced,
+    as ``reclaim``'s."""
+    pending = await redis.xpending_range(stream, WORKER_GROUP, min="-", max="+", count=count, consumername=dead)
+    ids = [item["message_id"] for item in pending]
+    if not ids:
+        return []
+    claimed = await redis.xclaim(stream, WORKER_GROUP, consumer, min_idle_time=min_idle_ms, message_ids=ids)
+    return await _claimed(redis, stream, claimed)
+
+
+async def _claimed(
+    redis: aioredis.Redis, stream: str, claimed: list[tuple[bytes, dict[bytes, bytes] | None]]
+) -> list[IntakeEntry]:
     entries: list[IntakeEntry] = []
     for entry_id, fields in claimed:
         if not fields:  # deleted while pending
@@ -136,15 +180,24 @@ async def reclaim(
     return entries
 
 
-async def requeue(redis: aioredis.Redis, keys: Keys, entry: IntakeEntry, message: RequestMessage) -> str:
+async def has_pending(redis: aioredis.Redis, stream: str, consumer: str) -> bool:
+    """Whether any entry of ``stream`` is pending on ``consumer``."""
+    return bool(await redis.xpending_range(stream, WORKER_GROUP, min="-", max="+", count=1, consumername=consumer))
+
+
+async def requeue(redis: aioredis.Redis, keys: Keys, entry: IntakeEntry, message: RequestMessage) -> str | None:
     """Replace ``entry`` by ``message`` (a continuation) at the end of its intake stream, atomically:
-    the continuation exists exactly when the original is acknowledged."""
+    the continuation exists exactly when the original is acknowledged. None, and nothing done, when a
+    newer delivery holds the request."""
     stream = keys.intake(message.tier, message.bucket)
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.xadd(stream, {MESSAGE_FIELD: message.dumps()})
-        pipe.xack(entry.stream, WORKER_GROUP, entry.entry_id)
-        pipe.xdel(entry.stream, entry.entry_id)
-        new_id, _acked, _deleted = await pipe.execute()
+    new_id = await fencing.run(
+        redis,
+        fencing.REQUEUE,
+        [keys.fence(entry.message.id), entry.stream, stream],
+        [entry.fence, WORKER_GROUP, entry.entry_id, MESSAGE_FIELD, message.dumps()],
+    )
+    if new_id is None:
+        return None
     return new_id.decode() if isinstance(new_id, bytes) else str(new_id)
 
 

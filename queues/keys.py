@@ -17,8 +17,11 @@ BUCKETS: tuple[Bucket, ...] = ("short", "medium", "long")
 
 # Consumer group every worker joins on every intake stream; one group means each entry runs once.
 WORKER_GROUP = "workers"
-# A worker counts as alive for this many of its heartbeat intervals after a beat.
-WORKER_ALIVE_BEATS = 3
+# A worker counts as alive for this many of its heartbeat intervals after a beat; then another worker
+# takes its entries over.
+WORKER_ALIVE_BEATS = 2
+# A fencing token outlives any delivery of its entry (a request runs for minutes, not days).
+FENCE_TTL_S = 86_400
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,12 @@ class Keys:
     def cancel_channel(self) -> str:
         # Broadcast of cancelled request ids; the worker running one aborts it in the engine.
         return f"{self.prefix}cancel"
+
+    def fence(self, request_id: str) -> str:
+        # Fencing token of a request: INCR'd at each delivery of its intake entry (a read, a take-over);
+        # output writes, acks and requeues carrying an older token are refused, so a slow former owner
+        # and the worker that took its entry over never both write.
+        return f"{self.prefix}fence:{request_id}"
 
     def cancelled(self, request_id: str) -> str:
         # Tombstone for a cancelled request, so a worker that picks it up later does not run it.

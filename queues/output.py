@@ -5,23 +5,26 @@ the stream doubles as an index by sequence number (a replay from ``seq`` is one 
 second write of the same position is refused by Redis itself. Pub/sub is at-most-once and only
 ever a second copy: the API fills gaps from the stream.
 
-Events produced in the same event-loop turn are flushed together: one pipeline, one PUBLISH per API
-instance carrying every chunk of that turn, which is what lets one API process take tens of
-thousands of chunks per second.
+Events produced in the same event-loop turn are flushed together: one script call (``queues.fencing``)
+that writes the durable copies and sends one PUBLISH per API instance carrying every chunk of that
+turn, which is what lets one API process take tens of thousands of chunks per second. The script
+writes a request's events only while the writer holds the request's newest fencing token: the
+events of a fenced request are dropped in Redis and the writer reports the request (``on_fenced``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
+from collections.abc import Callable
 
 import orjson
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
+from queues import fencing
 from queues.keys import Keys
-from queues.messages import OutputEvent, dumps_events
+from queues.messages import OutputEvent
 
 EVENT_FIELD = b"e"
 log = logging.getLogger("tailcut.output")
@@ -38,11 +41,14 @@ class OutputWriter:
     cannot record its output must not acknowledge the request either.
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, *, ttl_s: int) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, keys: Keys, *, ttl_s: int, on_fenced: Callable[[str, int], None] | None = None
+    ) -> None:
         self._redis = redis
         self._keys = keys
         self._ttl_s = ttl_s
-        self._pending: list[tuple[str, OutputEvent]] = []
+        self._on_fenced = on_fenced
+        self._pending: list[tuple[str, OutputEvent, int]] = []
         self._num_emitted = 0
         self._num_written = 0
         self._wakeup = asyncio.Event()
@@ -60,8 +66,10 @@ class OutputWriter:
         if self._task is not None:
             await self._task
 
-    def emit(self, reply_to: str, event: OutputEvent) -> None:
-        self._pending.append((reply_to, event))
+    def emit(self, reply_to: str, event: OutputEvent, *, fence: int = 0) -> None:
+        """Queue ``event`` for the API instance ``reply_to``, written only while ``fence`` is the
+        request's newest fencing token (0: unfenced)."""
+        self._pending.append((reply_to, event, fence))
         self._num_emitted += 1
         self._wakeup.set()
 
@@ -88,37 +96,41 @@ class OutputWriter:
             async with self._written:
                 self._written.notify_all()
 
-    async def _write(self, batch: list[tuple[str, OutputEvent]]) -> None:
+    async def _write(self, batch: list[tuple[str, OutputEvent, int]]) -> None:
         delay_s = 0.05
         while True:
             try:
-                results = await self._write_once(batch)
+                fenced = await self._write_once(batch)
                 break
             except RedisError as exc:
                 log.warning("output_write_retry error=%s events=%d", exc, len(batch))
                 await asyncio.sleep(delay_s)
                 delay_s = min(1.0, delay_s * 2)
-        for result in results:
-            # A position already written (a re-run after redelivery) is refused by Redis: that is the
-            # de-duplication working, not an error.
-            if isinstance(result, ResponseError) and "equal or smaller" not in str(result):
-                log.error("output_write_error error=%s", result)
+        for request_id, fence in fenced:
+            log.warning("output_fenced rid=%s fence=%d", request_id, fence)
+            if self._on_fenced is not None:
+                self._on_fenced(request_id, fence)
 
-    async def _write_once(self, batch: list[tuple[str, OutputEvent]]) -> list[object]:
-        by_channel: dict[str, list[OutputEvent]] = defaultdict(list)
-        touched: set[str] = set()
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for reply_to, event in batch:
-                key = self._keys.output(event.rid)
-                pipe.xadd(key, {EVENT_FIELD: orjson.dumps(event)}, id=stream_id(event.seq))
-                touched.add(key)
-                by_channel[reply_to].append(event)
-            for key in touched:
-                pipe.expire(key, self._ttl_s)
-            for reply_to, events in by_channel.items():
-                pipe.publish(self._keys.reply_channel(reply_to), dumps_events(events))
-            results: list[object] = await pipe.execute(raise_on_error=False)
-        return results
+    async def _write_once(self, batch: list[tuple[str, OutputEvent, int]]) -> list[tuple[str, int]]:
+        """One script call for the batch; (request id, token) of the requests whose events were refused."""
+        # Per request, in first-seen order: its channel, token and events (a request has one of each).
+        requests: dict[str, tuple[str, int, list[OutputEvent]]] = {}
+        for reply_to, event, fence in batch:
+            entry = requests.get(event.rid)
+            if entry is None:
+                requests[event.rid] = (reply_to, fence, [event])
+            else:
+                entry[2].append(event)
+        keys: list[str] = []
+        args: list[str | int | bytes] = [self._ttl_s, len(requests)]
+        for request_id, (reply_to, fence, events) in requests.items():
+            keys += [self._keys.fence(request_id), self._keys.output(request_id)]
+            args += [fence, self._keys.reply_channel(reply_to), len(events)]
+            for event in events:
+                args += [event.seq, orjson.dumps(event)]
+        fenced = await fencing.run(self._redis, fencing.WRITE_EVENTS, keys, args)
+        order = list(requests.items())
+        return [(order[int(index) - 1][0], order[int(index) - 1][1][1]) for index in fenced]
 
 
 async def read_output(

@@ -178,6 +178,23 @@ def watch() -> None:
             os.killpg(pgid, signal.SIGKILL)
 
 
+def die_with_parent(parent_pid: int) -> bool:
+    """Make the calling process get SIGKILL when the thread that started it exits (``PR_SET_PDEATHSIG``);
+    if ``parent_pid`` is already gone, die now. False where it cannot (not Linux, no libc)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the signal was set
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
 def _death_signal_setter() -> Callable[[], None] | None:
     """A ``preexec_fn`` that sets ``PR_SET_PDEATHSIG`` = SIGKILL in the child, or None where it cannot
     (not Linux, no libc, not the main thread: see the module's docstring)."""

@@ -195,9 +195,14 @@ class WorkerSettings(CommonSettings):
     drain_timeout_s: float = Field(30.0, ge=0, description="On stop, how long running requests may finish.")
     heartbeat_s: float = Field(1.0, gt=0, le=30, description="Worker liveness beat (readiness, claim refresh).")
     reclaim_after_ms: int = Field(
-        15_000, ge=0, description="A pending entry idle this long belongs to a dead worker and is taken over."
+        15_000,
+        ge=0,
+        description="Fallback: a pending entry idle this long (its consumer never beat, or was forgotten) is taken "
+        "over (0: only from workers whose heartbeat stopped).",
     )
-    reclaim_interval_s: float = Field(2.0, gt=0, description="How often a worker looks for entries to take over.")
+    reclaim_interval_s: float = Field(
+        0.5, gt=0, le=60, description="How often a worker looks for dead workers and takes their entries over."
+    )
     max_deliveries: int = Field(
         3, ge=1, description="Deliveries before an entry goes to the dead-letter stream with an error to the client."
     )

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from queues import intake
 from queues.intake import IntakeEntry
-from queues.keys import BUCKETS, TIERS, WORKER_ALIVE_BEATS, Bucket, Keys, Tier
+from queues.keys import BUCKETS, TIERS, WORKER_ALIVE_BEATS, WORKER_GROUP, Bucket, Keys, Tier
 from queues.messages import OutputEvent, RequestMessage
 from queues.output import OutputWriter, read_output
 from tailcut.errors import EngineDeadError, InvalidRequestError
@@ -65,12 +65,17 @@ class Worker:
         self._redis = redis
         self._blocking = blocking_redis
         self._keys = Keys(settings.key_prefix)
-        self._writer = OutputWriter(redis, self._keys, ttl_s=settings.output_ttl_s)
+        self._writer = OutputWriter(redis, self._keys, ttl_s=settings.output_ttl_s, on_fenced=self._fenced_out)
         self.scheduler = make_scheduler(settings.scheduler_config())
         self._entries: dict[str, IntakeEntry] = {}  # every entry held: waiting here or running
         self._tasks: dict[str, asyncio.Task[None]] = {}  # running requests
         self._cancel_requested: set[str] = set()
         self._preempting: set[str] = set()
+        # (request id, fencing token) of deliveries a newer delivery has taken from this worker.
+        self._fenced: set[tuple[str, int]] = set()
+        # Other workers' deaths are judged only from this time on (after start, and after a Redis
+        # outage during which every heartbeat, ours included, went stale).
+        self._judge_deaths_after = 0.0
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -143,7 +148,8 @@ class Worker:
                 log_event(log, "helper_did_not_stop", logging.WARNING, task=task.get_name())
             await self._writer.close()
             with contextlib.suppress(RedisError):
-                await self._redis.zrem(self._keys.workers, self.worker_id)
+                # Gone, not merely late: whatever it left pending is taken over at once.
+                await self._redis.zadd(self._keys.workers, {self.worker_id: 0})
             log_event(log, "worker_stopped", worker=self.worker_id, served=len(self.served_ids))
         if self._fatal is not None:
             raise self._fatal
@@ -269,7 +275,7 @@ class Worker:
         outcome = "final"
 
         def emit(event: OutputEvent) -> None:
-            self._writer.emit(message.reply_to, event)
+            self._writer.emit(message.reply_to, event, fence=entry.fence)
 
         try:
             if await self._redis.exists(self._keys.cancelled(message.id)):
@@ -280,7 +286,8 @@ class Worker:
                 outcome = "expired"
                 emit(life.error("expired", "the request's deadline passed before it could start"))
                 await self._writer.flush()
-                await intake.dead_letter(self._redis, self._keys, entry, "expired")
+                if not await intake.dead_letter(self._redis, self._keys, entry, "expired"):
+                    outcome = "fenced"
                 return
             call = life.next_call()
             while True:
@@ -293,7 +300,7 @@ class Worker:
                 # Closed however the loop ends, so the engine aborts an abandoned request at once.
                 async with contextlib.aclosing(deltas):
                     async for delta in deltas:
-                        if message.id in self._preempting or message.id in self._cancel_requested:
+                        if self._stopped_by_other(entry):
                             # The task was cancelled, but a library may have swallowed the
                             # CancelledError mid-call (redis-py does): stop here all the same.
                             raise asyncio.CancelledError
@@ -313,20 +320,21 @@ class Worker:
                     emit(next_step.event)
                     return
                 if isinstance(next_step, Yield):
-                    outcome = "yielded"
+                    outcome = "yielded" if await self._requeue(entry, next_step.message) else "fenced"
                     self.num_yielded += 1
-                    await self._requeue(entry, next_step.message)
                     return
                 call = next_step.call
         except asyncio.CancelledError:
-            if message.id in self._cancel_requested:
+            if (message.id, entry.fence) in self._fenced:
+                # Another worker took the entry over (this one looked dead): it owns the output now.
+                outcome = "fenced"
+            elif message.id in self._cancel_requested:
                 outcome = "cancelled"
                 emit(life.error("cancelled", "the client cancelled the request"))
             elif message.id in self._preempting:
                 self._preempting.discard(message.id)
-                outcome = "preempted"
+                outcome = "preempted" if await self._requeue(entry, life.continuation()) else "fenced"
                 self.num_preempted += 1
-                await self._requeue(entry, life.continuation())
             else:
                 # The worker is stopping: leave the entry pending; another worker takes it over
                 # after reclaim_after_ms and resumes from the output already written.
@@ -352,14 +360,33 @@ class Worker:
         finally:
             await self._finish(entry, outcome, started_ms, request)
 
-    async def _requeue(self, entry: IntakeEntry, message: RequestMessage) -> None:
-        """Hand the rest of the request back to the intake stream as the continuation ``message``.
+    async def _requeue(self, entry: IntakeEntry, message: RequestMessage) -> bool:
+        """Hand the rest of the request back to the intake stream as the continuation ``message``;
+        False when another delivery holds the request (nothing was requeued).
 
         Everything emitted so far is flushed first: output stream ids must grow, so a continuation
         picked up elsewhere must never write before our earlier positions are in.
         """
         await self._writer.flush()
-        await intake.requeue(self._redis, self._keys, entry, message)
+        return await intake.requeue(self._redis, self._keys, entry, message) is not None
+
+    def _stopped_by_other(self, entry: IntakeEntry) -> bool:
+        """The request was preempted, cancelled or fenced while its task ran. The task was cancelled
+        too, but a library may have swallowed the CancelledError mid-call (redis-py does)."""
+        rid = entry.message.id
+        return rid in self._preempting or rid in self._cancel_requested or (rid, entry.fence) in self._fenced
+
+    def _fenced_out(self, request_id: str, fence: int) -> None:
+        """A newer delivery of ``request_id`` holds its fencing token: stop this one, write nothing more."""
+        self._fenced.add((request_id, fence))
+        entry = self._entries.get(request_id)
+        task = self._tasks.get(request_id)
+        if entry is not None and entry.fence == fence and task is not None:
+            task.cancel()
+        elif entry is not None and entry.fence == fence and self.scheduler.remove(request_id) is not None:
+            # Still waiting here: let it go without a word, it runs elsewhere.
+            del self._entries[request_id]
+        log_event(log, "request_fenced", logging.WARNING, rid=request_id, fence=fence)
 
     async def _finish(
         self, entry: IntakeEntry, outcome: str, started_ms: int, request: SchedRequest | None = None
@@ -372,8 +399,12 @@ class Worker:
         message = entry.message
         try:
             await self._writer.flush()
-            if outcome not in ("expired", "abandoned", "yielded", "preempted"):
-                await intake.ack(self._redis, entry)
+            if (message.id, entry.fence) in self._fenced:
+                outcome = "fenced"
+            if outcome not in ("expired", "abandoned", "yielded", "preempted", "fenced") and not await intake.ack(
+                self._redis, self._keys, entry
+            ):
+                outcome = "fenced"
         except RedisError as exc:
             # Left pending: it will be redelivered, and its written positions are de-duplicated.
             log_event(log, "ack_failed", logging.WARNING, rid=message.id, error=str(exc))
@@ -386,9 +417,10 @@ class Worker:
                 self._preempting.discard(message.id)
             if self._entries.get(message.id) is entry:
                 del self._entries[message.id]
+            self._fenced.discard((message.id, entry.fence))
             self._wake.set()
             self._room.set()
-            if outcome not in ("yielded", "preempted", "abandoned"):
+            if outcome not in ("yielded", "preempted", "abandoned", "fenced"):
                 self.served_ids.append(message.id)
         log_event(
             log,
@@ -419,18 +451,27 @@ class Worker:
                 await self._stopping.wait()
 
     async def _heartbeat(self) -> None:
+        beat_s = self._settings.heartbeat_s
+        failing = False
         while not self._stopping.is_set():
             try:
                 now = time.time()
-                alive_until = now + WORKER_ALIVE_BEATS * self._settings.heartbeat_s
                 async with self._redis.pipeline(transaction=False) as pipe:
-                    pipe.zadd(self._keys.workers, {self.worker_id: alive_until})
+                    pipe.zadd(self._keys.workers, {self.worker_id: now + WORKER_ALIVE_BEATS * beat_s})
                     pipe.zremrangebyscore(self._keys.workers, 0, now - STALE_WORKER_S)
                     await pipe.execute()
-                await intake.keep_claimed(self._redis, self.worker_id, list(self._entries.values()))
+                held = list(self._entries.values())
+                for request_id in await intake.keep_claimed(self._redis, self._keys, self.worker_id, held):
+                    self._fenced_out(request_id, next(e.fence for e in held if e.message.id == request_id))
+                if failing:
+                    # Redis was away: every worker's beat went stale, none of them died. Judge again
+                    # once each had the time to beat.
+                    failing = False
+                    self._judge_deaths_after = time.monotonic() + (WORKER_ALIVE_BEATS + 1) * beat_s
             except RedisError as exc:
+                failing = True
                 log_event(log, "heartbeat_failed", logging.WARNING, error=str(exc))
-            await self._pause(self._settings.heartbeat_s)
+            await self._pause(beat_s)
 
     async def _probe_backlog(self) -> None:
         streams = list(self._stream_of)
@@ -480,40 +521,81 @@ class Worker:
         self._writer.emit(
             entry.message.reply_to,
             error_event(request_id, entry.message.next_seq, "cancelled", "the client cancelled the request"),
+            fence=entry.fence,
         )
         await self._finish(entry, "cancelled", now_ms())
         return True
 
     async def _reclaim_loop(self) -> None:
-        if not self._settings.reclaim_after_ms:
-            return
+        """Take over the entries of dead workers: at once from a worker whose heartbeat stopped, and
+        after ``reclaim_after_ms`` of idleness from any consumer (one that never beat, say)."""
+        last_idle_scan = time.monotonic()
         while not self._stopping.is_set():
             await self._pause(self._settings.reclaim_interval_s)
             if self._stopping.is_set():
                 return
             try:
-                await self.reclaim_once()
+                await self.take_over_dead()
+                due = time.monotonic() - last_idle_scan >= self._settings.reclaim_after_ms / 1000
+                if self._settings.reclaim_after_ms and due:
+                    last_idle_scan = time.monotonic()
+                    await self.reclaim_once()
             except RedisError as exc:
                 log_event(log, "reclaim_failed", logging.WARNING, error=str(exc))
 
+    async def take_over_dead(self) -> int:
+        """Claim every entry pending on a worker whose heartbeat vouches for it no longer; returns how
+        many. A dead worker with nothing left pending is forgotten (heartbeat set, consumer group)."""
+        if time.monotonic() < self._judge_deaths_after:
+            return 0
+        dead = [
+            member.decode() if isinstance(member, bytes) else str(member)
+            for member in await self._redis.zrangebyscore(self._keys.workers, 0, time.time())
+        ]
+        taken = 0
+        min_idle_ms = int(self._settings.heartbeat_s * 1000)
+        for worker_id in dead:
+            if worker_id == self.worker_id:
+                continue
+            left = False
+            for stream in self._stream_of:
+                entries = await intake.take_over(
+                    self._redis, self._keys, self.worker_id, worker_id, stream, min_idle_ms=min_idle_ms, count=100
+                )
+                await intake.fence(self._redis, self._keys, entries)
+                for entry in entries:
+                    taken += 1
+                    await self._take_over(entry, dead_worker=worker_id)
+                left = left or await intake.has_pending(self._redis, stream, worker_id)
+            if not left:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.zrem(self._keys.workers, worker_id)
+                    for stream in self._stream_of:
+                        pipe.xgroup_delconsumer(stream, WORKER_GROUP, worker_id)
+                    await pipe.execute(raise_on_error=False)
+        return taken
+
     async def reclaim_once(self) -> int:
-        """Take over entries of dead workers (idle past ``reclaim_after_ms``); returns how many."""
+        """Take over entries idle past ``reclaim_after_ms`` (their consumer died or hangs); returns how many."""
         taken = 0
         for stream in self._stream_of:
             free = self._settings.num_running_max - len(self._entries)
             if free <= 0:
                 break
             entries = await intake.reclaim(
-                self._redis, self.worker_id, stream, min_idle_ms=self._settings.reclaim_after_ms, count=free
+                self._redis, self._keys, self.worker_id, stream, min_idle_ms=self._settings.reclaim_after_ms, count=free
             )
-            for entry in entries:
-                if entry.message.id in self._entries:
-                    continue  # our own (a missed claim refresh): still ours
+            # Our own (a missed claim refresh) stays ours, under its token.
+            theirs = [entry for entry in entries if entry.message.id not in self._entries]
+            await intake.fence(self._redis, self._keys, theirs)
+            for entry in theirs:
                 taken += 1
                 await self._take_over(entry)
         return taken
 
-    async def _take_over(self, entry: IntakeEntry) -> None:
+    async def _take_over(self, entry: IntakeEntry, *, dead_worker: str | None = None) -> None:
+        """Resume a claimed entry from its durable output. Its new fencing token was given before the
+        output is read, so nothing the former owner might still write can slip in after."""
         message = entry.message
         written = await read_output(self._redis, self._keys, message.id, from_seq=1)
         log_event(
@@ -523,10 +605,11 @@ class Worker:
             tier=message.tier,
             deliveries=entry.delivery_count,
             positions_written=len(written),
+            dead_worker=dead_worker,
         )
         if any(event.terminal for event in written):
             # It finished; only the acknowledgement was lost.
-            await intake.ack(self._redis, entry)
+            await intake.ack(self._redis, self._keys, entry)
             return
         entry.message = resumed(message, written)
         if entry.delivery_count > self._settings.max_deliveries:
@@ -538,6 +621,7 @@ class Worker:
                     "max_deliveries",
                     f"the request was delivered {entry.delivery_count} times without finishing",
                 ),
+                fence=entry.fence,
             )
             await self._writer.flush()
             await intake.dead_letter(self._redis, self._keys, entry, "max_deliveries")

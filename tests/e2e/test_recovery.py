@@ -126,54 +126,40 @@ def streamed_text(events: list[Any]) -> str:
 async def test_a_sigkilled_worker_process_mid_stream_leaves_the_client_an_uninterrupted_greedy_answer(
     redis_url: str, tiny_model: Path, engine: VllmEngine, tmp_path: Path
 ) -> None:
-    """A real worker process (its own vLLM engine) is SIGKILLed while it streams; a second worker takes
-    the request over and the client's stream goes on: the same token ids and the same text as an
-    uninterrupted greedy run of the same request, each position once."""
+    """A real worker process (its own vLLM engine) is SIGKILLed while it streams a realtime reply,
+    after the request's deadline passed; a second worker, with the default heartbeat and take-over
+    settings, sees the death from the heartbeat and takes the request over. The client's stream goes
+    on within seconds: the same token ids and text as an uninterrupted greedy run, each position
+    once, never a deadline error. The killed worker's vLLM processes die with it."""
     body = {
         "model": "tiny",
         "prompt": list(range(10, 42)),
-        "max_tokens": 400,
+        "max_tokens": 1000,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
         "return_token_ids": True,
+        "tier": "realtime",
     }
-    async with running_stack(redis_url, tiny_model, None) as stack:
+    # A realtime deadline far shorter than the reply: the take-over comes after it has passed.
+    async with running_stack(redis_url, tiny_model, None, realtime_deadline_s=0.5) as stack:
         survivor = WorkerSettings(
-            redis_url=redis_url,
-            key_prefix=stack.keys.prefix,
-            model=str(tiny_model),
-            worker_id="survivor",
-            read_block_ms=100,
-            heartbeat_s=0.05,
-            reclaim_after_ms=500,
-            reclaim_interval_s=0.1,
+            redis_url=redis_url, key_prefix=stack.keys.prefix, model=str(tiny_model), worker_id="survivor"
         )
         async with httpx.AsyncClient(base_url=stack.base_url, timeout=120) as client:
             # The uninterrupted reference, served by the survivor alone.
             async with running_workers([survivor], engine, redis_url):
                 reference = await stream_events(client, "/v1/completions", body)
-            env = {
-                **os.environ,
-                "TAILCUT_REDIS_URL": redis_url,
-                "TAILCUT_KEY_PREFIX": stack.keys.prefix,
-                "TAILCUT_MODEL": str(tiny_model),
-                "TAILCUT_MAX_MODEL_LEN": str(TEST_MAX_MODEL_LEN),
-                "TAILCUT_WORKER_ID": "doomed",
-                "TAILCUT_HEARTBEAT_S": "0.1",
-                "TAILCUT_ENGINE__KV_CACHE_MEMORY_BYTES": str(TEST_KV_CACHE_BYTES),
-                "TAILCUT_ENGINE__MAX_NUM_SEQS": "8",
-            }
-            log = (tmp_path / "doomed.log").open("wb")
-            command = [sys.executable, "-m", "tailcut", "worker"]
-            doomed = await asyncio.create_subprocess_exec(
-                *command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            doomed, _log = await start_worker_process(redis_url, stack.keys, tiny_model, "doomed", tmp_path)
             try:
                 await wait_for_worker(stack.redis, stack.keys, "doomed", doomed, timeout_s=180)
+                engine_processes = descendants(doomed.pid)
                 events: list[Any] = []
+                killed_at: float | None = None
                 chunks_when_killed = 0
+                resumed_after_s: float | None = None
                 async with contextlib.AsyncExitStack() as takeover:
+                    sent = time.monotonic()
                     async with client.stream("POST", "/v1/completions", json=body) as response:
                         assert response.status_code == 200
                         async for line in response.aiter_lines():
@@ -181,22 +167,149 @@ async def test_a_sigkilled_worker_process_mid_stream_leaves_the_client_an_uninte
                                 continue
                             payload = line.removeprefix("data: ")
                             events.append(DONE if payload == DONE else orjson.loads(payload))
-                            if len(events) == 40 and doomed.returncode is None:
+                            now = time.monotonic()
+                            if killed_at is not None and resumed_after_s is None:
+                                resumed_after_s = now - killed_at
+                            if killed_at is None and now - sent > 1.0:
                                 doomed.kill()  # SIGKILL: no drain, no goodbye; its entry stays pending
                                 await doomed.wait()
-                                chunks_when_killed = len(events)
+                                killed_at, chunks_when_killed = time.monotonic(), len(events)
                                 # Only now a second worker exists to take the request over.
                                 await takeover.enter_async_context(running_workers([survivor], engine, redis_url))
+                left = await still_running(engine_processes, timeout_s=5)
             finally:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(doomed.pid, signal.SIGKILL)  # its engine-core process too
+                    os.killpg(doomed.pid, signal.SIGKILL)  # whatever the test itself must not leave behind
                 await doomed.wait()
-                log.close()
-    assert chunks_when_killed == 40, "the worker was not killed mid-stream"
-    assert len(streamed_token_ids(reference)) == 400
+    print(f"\nkill → next token: {resumed_after_s} s ({chunks_when_killed} chunks before the kill)")
+    assert 0 < chunks_when_killed < 900, "the worker was not killed mid-stream"
+    assert engine_processes, "the worker had no engine processes to check"
+    assert not left, f"the SIGKILLed worker's engine processes outlived it: {left}"
+    assert resumed_after_s is not None and resumed_after_s < 4.0, f"take-over took {resumed_after_s} s"
+    assert len(streamed_token_ids(reference)) == 1000
     assert streamed_token_ids(events) == streamed_token_ids(reference)
     assert streamed_text(events) == streamed_text(reference)
     assert events[-1] == DONE and finish_reasons(events) == ["length"]
+
+
+async def test_a_paused_worker_that_comes_back_is_fenced_off_and_writes_nothing(
+    redis_url: str, tiny_model: Path, engine: VllmEngine, tmp_path: Path
+) -> None:
+    """A real worker process is paused (SIGSTOP) mid-stream long enough to look dead; a second worker
+    takes the request over. When the paused one resumes (SIGCONT) with its engine's output piled up,
+    the fence refuses every write it tries: the client's stream still equals an uninterrupted greedy
+    run, each position once, and the paused worker lets the request go and keeps serving."""
+    body = {
+        "model": "tiny",
+        "prompt": list(range(50, 80)),
+        "max_tokens": 600,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    async with running_stack(redis_url, tiny_model, None) as stack:
+        survivor = WorkerSettings(
+            redis_url=redis_url, key_prefix=stack.keys.prefix, model=str(tiny_model), worker_id="survivor"
+        )
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=120) as client:
+            async with running_workers([survivor], engine, redis_url):
+                reference = await stream_events(client, "/v1/completions", body)
+            paused, log = await start_worker_process(redis_url, stack.keys, tiny_model, "paused", tmp_path)
+            try:
+                await wait_for_worker(stack.redis, stack.keys, "paused", paused, timeout_s=180)
+                events: list[Any] = []
+                async with contextlib.AsyncExitStack() as takeover:
+                    async with client.stream("POST", "/v1/completions", json=body) as response:
+                        async for line in response.aiter_lines():
+                            if not line.startswith("data: "):
+                                continue
+                            payload = line.removeprefix("data: ")
+                            events.append(DONE if payload == DONE else orjson.loads(payload))
+                            if len(events) == 30:
+                                paused.send_signal(signal.SIGSTOP)
+                                await takeover.enter_async_context(running_workers([survivor], engine, redis_url))
+                                # Long enough to be taken for dead and taken over, then it wakes up.
+                                await asyncio.sleep(4)
+                                paused.send_signal(signal.SIGCONT)
+                # Back and well: it beats again and nothing of this request is left pending anywhere.
+                await asyncio.sleep(2)
+                alive = paused.returncode is None and await stack.redis.zscore(stack.keys.workers, "paused")
+                pending = [await stack.redis.xpending(stream, "workers") for stream in stack.keys.intake_all()]
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(paused.pid, signal.SIGKILL)
+                await paused.wait()
+    assert streamed_token_ids(events) == streamed_token_ids(reference)
+    assert streamed_text(events) == streamed_text(reference)
+    assert events[-1] == DONE and finish_reasons(events) == ["length"]
+    assert alive, "the paused worker did not come back"
+    assert all(entry["pending"] == 0 for entry in pending)
+    assert "output_fenced" in log.read_text(), "the paused worker's late writes were not refused"
+
+
+async def start_worker_process(
+    redis_url: str, keys: Keys, model: Path, worker_id: str, folder: Path
+) -> tuple[asyncio.subprocess.Process, Path]:
+    """A ``tailcut worker`` process with its own engine (default heartbeat and take-over settings),
+    in a process group of its own; its log goes to ``folder``."""
+    env = {
+        **os.environ,
+        "TAILCUT_REDIS_URL": redis_url,
+        "TAILCUT_KEY_PREFIX": keys.prefix,
+        "TAILCUT_MODEL": str(model),
+        "TAILCUT_MAX_MODEL_LEN": str(TEST_MAX_MODEL_LEN),
+        "TAILCUT_WORKER_ID": worker_id,
+        "TAILCUT_ENGINE__KV_CACHE_MEMORY_BYTES": str(TEST_KV_CACHE_BYTES),
+        "TAILCUT_ENGINE__MAX_NUM_SEQS": "8",
+    }
+    log = folder / f"{worker_id}.log"
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tailcut", "worker", env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    return process, log
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below ``pid`` (pid → name), from /proc."""
+    parent_of: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = stat.read_text()
+            name = text[text.index("(") + 1 : text.rindex(")")]
+            fields = text[text.rindex(")") + 2 :].split()
+            child = int(stat.parent.name)
+            parent_of[child], names[child] = int(fields[1]), name
+    found: dict[int, str] = {}
+    frontier = [pid]
+    while frontier:
+        current = frontier.pop()
+        for child, parent in parent_of.items():
+            if parent == current and child not in found:
+                found[child] = names[child]
+                frontier.append(child)
+    return found
+
+
+def is_alive(pid: int) -> bool:
+    """Running or sleeping: neither gone nor a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def still_running(processes: dict[int, str], *, timeout_s: float) -> dict[int, str]:
+    """Those of ``processes`` still alive (not gone, not a zombie) after up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = {pid: name for pid, name in processes.items() if is_alive(pid)}
+        if not alive or time.monotonic() > deadline:
+            return alive
+        await asyncio.sleep(0.1)
 
 
 async def wait_for_worker(

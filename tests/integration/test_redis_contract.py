@@ -188,10 +188,58 @@ async def test_ack_deletes_the_entry_and_clears_the_pending_list(redis: aioredis
     stream = keys.intake("realtime", "short")
     (entry,) = await intake.read(redis, keys, "w1", [stream], count=10, block_ms=None)
     assert (await redis.xpending(stream, "workers"))["pending"] == 1
-    await intake.ack(redis, entry)
+    assert await intake.ack(redis, keys, entry)
     assert (await redis.xpending(stream, "workers"))["pending"] == 0
     assert await redis.xlen(stream) == 0
     await redis.delete(*keys.intake_all())
+
+
+async def test_a_former_owner_is_fenced_off_once_its_entry_is_taken_over(
+    redis: aioredis.Redis, router: ReplyRouter
+) -> None:
+    """Worker A reads a request and writes a chunk; worker B takes the entry over (A looked dead but
+    is only slow). From then on nothing A writes reaches the output stream or the client, and A can
+    neither requeue nor acknowledge the entry; B writes, and B acknowledges."""
+    keys = router._keys
+    await intake.ensure_groups(redis, keys)
+    await intake.enqueue(redis, keys, make_message("fenced"))
+    stream = keys.intake("realtime", "short")
+    (old,) = await intake.read(redis, keys, "slow-a", [stream], count=1, block_ms=None)
+    fenced: list[tuple[str, int]] = []
+    slow_a = OutputWriter(redis, keys, ttl_s=60, on_fenced=lambda rid, fence: fenced.append((rid, fence)))
+    b = OutputWriter(redis, keys, ttl_s=60)
+    slow_a.start()
+    b.start()
+    reader = asyncio.create_task(collect(router, "fenced"))
+    await asyncio.sleep(0.05)
+    slow_a.emit(API_ID, OutputEvent(rid="fenced", seq=1, type="chunk", text="a1", token_ids=[1]), fence=old.fence)
+    await slow_a.flush()
+
+    (new,) = await intake.reclaim(redis, keys, "b", stream, min_idle_ms=0, count=1)
+    await intake.fence(redis, keys, [new])
+    assert new.fence == old.fence + 1
+    slow_a.emit(API_ID, OutputEvent(rid="fenced", seq=2, type="chunk", text="a2", token_ids=[2]), fence=old.fence)
+    await slow_a.flush()
+    assert fenced == [("fenced", old.fence)]
+    assert not await intake.keep_claimed(redis, keys, "b", [new])
+    assert await intake.keep_claimed(redis, keys, "slow-a", [old]) == ["fenced"]
+    assert await intake.requeue(redis, keys, old, make_message("fenced")) is None
+    assert not await intake.ack(redis, keys, old)
+    assert (await redis.xpending(stream, "workers"))["pending"] == 1, "the fenced ack acknowledged nothing"
+
+    b.emit(API_ID, OutputEvent(rid="fenced", seq=2, type="chunk", text="b2", token_ids=[2]), fence=new.fence)
+    b.emit(API_ID, OutputEvent(rid="fenced", seq=3, type="final", finish_reason="stop"), fence=new.fence)
+    await b.flush()
+    received = await asyncio.wait_for(reader, timeout=5)
+    assert await intake.ack(redis, keys, new)
+    await slow_a.close()
+    await b.close()
+    stored = await read_output(redis, keys, "fenced", from_seq=1)
+    assert [event.text for event in stored] == ["a1", "b2", ""]
+    assert [event.text for event in received] == ["a1", "b2", ""]
+    assert (await redis.xpending(stream, "workers"))["pending"] == 0
+    assert not await redis.exists(keys.fence("fenced")), "a finished request's token is dropped"
+    await redis.delete(keys.output("fenced"), *keys.intake_all())
 
 
 async def test_backlog_counts_waiting_requests_and_retry_after_follows_the_drain_rate(redis: aioredis.Redis) -> None:

@@ -1,4 +1,5 @@
-"""A vLLM general plugin that lets the worker change the engine's per-step token budget at runtime.
+"""A vLLM general plugin: lets the worker change the engine's per-step token budget at runtime, and
+makes the processes vLLM starts die with the one that started them.
 
 vLLM loads ``vllm.general_plugins`` entry points in every process it starts, the engine-core process
 included; ``register`` adds utility methods to ``EngineCore`` there, which the worker calls with
@@ -55,8 +56,24 @@ def _step_tokens(core: Any) -> list[int]:
     return recorded
 
 
+def _die_with_parent() -> None:
+    """In a process vLLM started (its engine core, its model workers), die with the process that
+    started it: a worker SIGKILLed without a word must not leave its engine running (holding the GPU's
+    memory, so that the worker restarted in its place cannot start). The worker process itself, which
+    loads plugins too, is left alone: it may outlive its own parent (a shell, ``nohup``)."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.pid is not None:
+        from tailcut.processes import die_with_parent
+
+        die_with_parent(parent.pid)
+
+
 def register() -> None:
     from vllm.v1.engine.core import EngineCore
+
+    _die_with_parent()
 
     setattr(EngineCore, SET_BUDGET, _set_token_budget)
     setattr(EngineCore, STEP_TOKENS, _step_tokens)

@@ -1,0 +1,118 @@
+"""Fenced writes: Lua scripts that write a request's output, acknowledge, requeue or dead-letter its
+entry only while the writer holds the request's newest fencing token (``Keys.fence``).
+
+Each delivery of an intake entry (a read by XREADGROUP, a take-over by XCLAIM) increments the
+request's token. A former owner that is slow but alive (a long pause, a partition) keeps its older
+token: everything it writes afterwards is refused inside Redis, in the same step as the check, so it
+can neither add to the client's stream nor acknowledge the entry its successor is running. Token 0
+means unfenced (a writer outside any delivery, such as a test standing in for a dead worker).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+_registered: weakref.WeakKeyDictionary[aioredis.Redis, dict[str, AsyncScript]] = weakref.WeakKeyDictionary()
+
+
+async def run(redis: aioredis.Redis, source: str, keys: list[str], args: list[Any]) -> Any:
+    """Run one of the scripts below on ``redis`` (EVALSHA, loading it once per client)."""
+    scripts = _registered.setdefault(redis, {})
+    script = scripts.get(source)
+    if script is None:
+        script = scripts[source] = redis.register_script(source)
+    return await script(keys=keys, args=args)
+
+
+# Writes a batch of events of several requests. KEYS: fence_1, out_1, fence_2, out_2, ...
+# ARGV: ttl_s, n_requests, then per request: token, channel, n_events, (seq, payload) * n_events.
+# Returns the indices (1-based) of the fenced requests. Durable copy first, then one PUBLISH per
+# channel with the events of the requests that were not fenced, as a JSON list.
+WRITE_EVENTS = """
+local ttl = tonumber(ARGV[1])
+local n = tonumber(ARGV[2])
+local pos = 3
+local fenced = {}
+local channels = {}
+local order = {}
+for i = 1, n do
+  local fence_key, out_key = KEYS[2 * i - 1], KEYS[2 * i]
+  local token, channel, count = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2])
+  pos = pos + 3
+  if token ~= '0' and redis.call('GET', fence_key) ~= token then
+    fenced[#fenced + 1] = i
+    pos = pos + 2 * count
+  else
+    local live = channels[channel]
+    if live == nil then
+      live = {}
+      channels[channel] = live
+      order[#order + 1] = channel
+    end
+    for _ = 1, count do
+      -- A position already written (a re-run after redelivery) is refused by XADD: de-duplication.
+      redis.pcall('XADD', out_key, '0-' .. ARGV[pos], 'e', ARGV[pos + 1])
+      live[#live + 1] = ARGV[pos + 1]
+      pos = pos + 2
+    end
+    redis.call('EXPIRE', out_key, ttl)
+  end
+end
+for _, channel in ipairs(order) do
+  local live = channels[channel]
+  if #live > 0 then
+    redis.call('PUBLISH', channel, '[' .. table.concat(live, ',') .. ']')
+  end
+end
+return fenced
+"""
+
+# Acknowledges and deletes a finished entry, and drops its token. KEYS: fence, stream.
+# ARGV: token, group, entry id. Returns 1, or 0 when fenced.
+ACK = """
+if ARGV[1] ~= '0' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('XACK', KEYS[2], ARGV[2], ARGV[3])
+redis.call('XDEL', KEYS[2], ARGV[3])
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+# Replaces an entry by its continuation at the end of a stream. KEYS: fence, old stream, new stream.
+# ARGV: token, group, entry id, message field, message. Returns the new entry id, or false when fenced.
+REQUEUE = """
+if ARGV[1] ~= '0' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
+local id = redis.call('XADD', KEYS[3], '*', ARGV[4], ARGV[5])
+redis.call('XACK', KEYS[2], ARGV[2], ARGV[3])
+redis.call('XDEL', KEYS[2], ARGV[3])
+return id
+"""
+
+# Moves an entry to the dead-letter stream with its reason. KEYS: fence, stream, dead-letter stream.
+# ARGV: token, group, entry id, reason, message field, message, dlq max length. Returns 1, or 0 when fenced.
+DEAD_LETTER = """
+if ARGV[1] ~= '0' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'reason', ARGV[4], 'stream', KEYS[2], ARGV[5], ARGV[6])
+redis.call('XACK', KEYS[2], ARGV[2], ARGV[3])
+redis.call('XDEL', KEYS[2], ARGV[3])
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+# Resets the idle time of the entries the caller still owns. KEYS: fence_1, stream_1, ...
+# ARGV: group, consumer, then per entry: token, entry id. Returns the indices of fenced entries.
+KEEP_CLAIMED = """
+local fenced = {}
+for i = 1, #KEYS / 2 do
+  local token, id = ARGV[2 * i + 1], ARGV[2 * i + 2]
+  if token ~= '0' and redis.call('GET', KEYS[2 * i - 1]) ~= token then
+    fenced[#fenced + 1] = i
+  else
+    redis.call('XCLAIM', KEYS[2 * i], ARGV[1], ARGV[2], 0, id, 'JUSTID')
+  end
+end
+return fenced
+"""
