@@ -14,7 +14,15 @@ from typing import get_args
 
 from admission.config import AdmissionConfig
 from admission.predictor import OutputLengthPredictor
-from admission.request import ChatPrompt, GenerationRequest, Prompt, ServedModel, TextPrompt, TokenPrompt
+from admission.request import (
+    DEFAULT_TENANT,
+    ChatPrompt,
+    GenerationRequest,
+    Prompt,
+    ServedModel,
+    TextPrompt,
+    TokenPrompt,
+)
 from admission.shedding import QueueDepth
 from admission.tokenizer import PromptTokenizer
 from queues.keys import Tier
@@ -143,12 +151,13 @@ class Admitter:
 
     # --- the whole path -------------------------------------------------------------------------------
 
-    async def admit(self, request: GenerationRequest) -> RequestMessage:
-        """Tier, shedding (before any tokenizing), prompt tokens, then the message."""
+    async def admit(self, request: GenerationRequest, *, request_id: str | None = None) -> RequestMessage:
+        """Tier, shedding (before any tokenizing), prompt tokens, then the message (under
+        ``request_id`` when the caller chose the id, a new uuid4 otherwise)."""
         tier = self.tier_of(request)
         self.check_capacity(tier)
         prompt_ids = await self.prompt_ids(request.prompt)
-        return self.message(request, tier, prompt_ids)
+        return self.message(request, tier, prompt_ids, request_id=request_id)
 
     def admit_tokens(
         self, request: GenerationRequest, *, request_id: str | None = None, at_ms: int | None = None
@@ -174,7 +183,7 @@ class Admitter:
         max_tokens = self.output_budget(
             num_prompt, request.max_tokens, prompt_param=request.prompt.param, max_tokens_param=request.max_tokens_param
         )
-        tenant = request.tenant or "default"
+        tenant = request.tenant or DEFAULT_TENANT
         predicted = self.predictor.predict(tier=tier, tenant=tenant, prompt_tokens=num_prompt, max_tokens=max_tokens)
         sampling = SamplingSpec.of(request.sampling, max_tokens=max_tokens)
         sampling.min_tokens = min(sampling.min_tokens, max_tokens)

@@ -14,7 +14,7 @@ from admission.admitter import Admitter
 from admission.request import ServedModel
 from admission.shedding import Backlog
 from admission.tokenizer import PromptTokenizer
-from api import errors, health, jobs_routes, openai_routes
+from api import errors, health, jobs_routes, openai_routes, replay
 from api.settings import ApiSettings
 from api.state import ApiState
 from jobs.settings import JobsSettings
@@ -91,4 +91,5 @@ def create_app(
     app.include_router(health.router)
     app.include_router(openai_routes.router)
     app.include_router(jobs_routes.router)
+    app.include_router(replay.router)
     return app

@@ -18,6 +18,7 @@ from tailcut.errors import (
     JobNotFoundError,
     ModelNotFoundError,
     OverloadedError,
+    RequestNotFoundError,
     ServiceUnavailableError,
     TailcutError,
 )
@@ -31,6 +32,7 @@ HTTP_SHAPES: dict[type[TailcutError], tuple[int, str]] = {
     AuthenticationError: (401, "authentication_error"),
     ModelNotFoundError: (404, "invalid_request_error"),
     JobNotFoundError: (404, "invalid_request_error"),
+    RequestNotFoundError: (404, "invalid_request_error"),
     OverloadedError: (429, "rate_limit_error"),
     JobFailedError: (500, "job_failed"),
     ServiceUnavailableError: (503, "service_unavailable"),

@@ -21,7 +21,8 @@ from fastapi import APIRouter, Depends, Request
 from redis.exceptions import RedisError
 
 from admission.request import ChatPrompt
-from api.openai_routes import TENANT_HEADER, check_auth, get_state
+from api.auth import check_auth, get_state
+from api.openai_routes import TENANT_HEADER
 from api.responses import OrjsonResponse
 from api.schemas import JobRequest
 from api.state import ApiState

@@ -2,56 +2,38 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+import contextlib
+import hashlib
+import time
+import uuid
 
 import orjson
 from fastapi import APIRouter, Depends, Request
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
-from admission.request import ChatPrompt, GenerationRequest, Prompt, TextPrompt, TokenPrompt
-from api.errors import error_body_of, error_response
-from api.metrics import RequestTracker
-from api.render import ChatRenderer, CompletionRenderer, Renderer
+from admission.request import DEFAULT_TENANT, ChatPrompt, GenerationRequest, Prompt, TextPrompt, TokenPrompt
+from api.auth import check_auth, get_state
+from api.errors import error_response
+from api.render import renderer_for
+from api.replay import replay
 from api.responses import EventStreamResponse, OrjsonResponse
 from api.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
 from api.state import ApiState
-from queues import intake, output
-from queues.messages import OutputEvent, RequestMessage, SamplingOptions
+from api.streaming import ClientGone, collect, event_stream, leave, reply_batches, until_disconnect
+from queues import requests
+from queues.messages import RequestMessage, SamplingOptions
 from queues.replies import ReplyStream
-from tailcut.errors import (
-    AuthenticationError,
-    DeadlineExceededError,
-    InvalidRequestError,
-    OverloadedError,
-    ServiceUnavailableError,
-    TailcutError,
-)
+from queues.requests import RequestRecord, Route
+from tailcut.errors import InvalidRequestError, OverloadedError, ServiceUnavailableError, TailcutError
 
-T = TypeVar("T")
 TIER_HEADER = "x-tailcut-tier"
 TENANT_HEADER = "x-tailcut-tenant"
 REQUEST_ID_HEADER = "X-Tailcut-Request-Id"
-DONE = b"data: [DONE]\n\n"
+IDEMPOTENCY_HEADER = "idempotency-key"
+MAX_IDEMPOTENCY_KEY = 255
 # Status logged for a request whose client left before the response (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
-
-
-def get_state(request: Request) -> ApiState:
-    state: ApiState = request.app.state.tailcut
-    return state
-
-
-async def check_auth(request: Request) -> None:
-    keys = get_state(request).settings.api_keys
-    if not keys:
-        return
-    header = request.headers.get("authorization", "")
-    token = header.removeprefix("Bearer ").strip()
-    if token not in keys:
-        raise AuthenticationError("missing or unknown API key; send `Authorization: Bearer <key>`")
 
 
 router = APIRouter(dependencies=[Depends(check_auth)])
@@ -76,7 +58,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     messages = [{"role": message.role, "content": message.text()} for message in body.messages]
     max_tokens = body.max_completion_tokens or body.max_tokens
     generation = generation_request(body, ChatPrompt(messages), request, max_tokens=max_tokens)
-    return await respond(get_state(request), request, body, generation, ChatRenderer)
+    return await respond(get_state(request), request, body, generation, "chat")
 
 
 @router.post("/v1/completions")
@@ -85,7 +67,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     if body.echo or body.suffix:
         raise InvalidRequestError("`echo` and `suffix` are not supported", param="echo" if body.echo else "suffix")
     generation = generation_request(body, completion_prompt(body), request, max_tokens=body.max_tokens)
-    return await respond(get_state(request), request, body, generation, CompletionRenderer)
+    return await respond(get_state(request), request, body, generation, "completion")
 
 
 def completion_prompt(body: CompletionRequest) -> Prompt:
@@ -135,17 +117,20 @@ def generation_request(
     )
 
 
-async def submit(state: ApiState, generation: GenerationRequest) -> tuple[RequestMessage, ReplyStream]:
-    """Admit (or refuse: 400, 404, 429), register the reply stream, then enqueue: accepted once the
-    XADD returns."""
+async def submit(
+    state: ApiState, generation: GenerationRequest, record: RequestRecord, *, idempotency_key: str | None = None
+) -> tuple[RequestMessage, ReplyStream]:
+    """Admit (or refuse: 400, 404, 429), register the reply stream, then store the request's record
+    and enqueue it: accepted once the XADD returns."""
     try:
-        message = await state.admitter.admit(generation)
+        message = await state.admitter.admit(generation, request_id=record.id)
     except OverloadedError as exc:
         state.metrics.shed.labels(exc.tier).inc()
         raise
+    message.idempotency_key = idempotency_key
     stream = state.router.open(message.id)
     try:
-        await intake.enqueue(state.redis, state.keys, message)
+        await requests.enqueue(state.redis, state.keys, message, record, ttl_s=state.settings.idempotency_ttl_s)
     except RedisError as exc:
         stream.close()
         raise ServiceUnavailableError(f"the request queue (Redis) does not answer: {exc}") from exc
@@ -158,126 +143,72 @@ async def respond(
     request: Request,
     body: GenerationFields,
     generation: GenerationRequest,
-    renderer_type: type[Renderer],
+    route: Route,
 ) -> Response:
-    message, stream = await submit(state, generation)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    renderer = renderer_type(
-        message.id, state.model.name, return_token_ids=body.return_token_ids, include_usage=include_usage
+    record = RequestRecord(
+        id=uuid.uuid4().hex,
+        tenant=generation.tenant or DEFAULT_TENANT,
+        route=route,
+        model=state.model.name,
+        return_token_ids=body.return_token_ids,
+        include_usage=include_usage,
+        created_s=int(time.time()),
     )
+    idempotency_key = idempotency_key_of(request)
+    if idempotency_key is not None:
+        record.resumable = True
+        record.fingerprint = fingerprint(route, body)
+        holder = await claim_key(state, record, idempotency_key)
+        if holder is not None:
+            return await replay(state, request, holder, stream=body.stream, fingerprint=record.fingerprint)
+    try:
+        message, stream = await submit(state, generation, record, idempotency_key=idempotency_key)
+    except TailcutError:
+        if idempotency_key is not None:
+            with contextlib.suppress(RedisError):
+                await requests.release(state.redis, state.keys, record, idempotency_key)
+        raise
+    renderer = renderer_for(record)
     tracker = state.metrics.track(message, state.admitter)
     headers = {REQUEST_ID_HEADER: message.id}
     if body.stream:
-        return EventStreamResponse(event_stream(state, stream, renderer, tracker), headers=headers)
+        frames = event_stream(
+            state, message.id, reply_batches(stream), renderer, tracker=tracker, opening=True,
+            resumable=record.resumable,
+        )  # fmt: skip
+        return EventStreamResponse(frames, headers=headers)
     try:
-        whole = await until_disconnect(request, collect(stream, renderer, tracker))
+        whole = await until_disconnect(request, collect(reply_batches(stream), renderer, tracker))
     except ClientGone:
-        state.spawn(send_cancel(state, message.id))
+        state.spawn(leave(state, message.id, resumable=record.resumable))
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     except TailcutError as exc:
         # Accepted, then failed (deadline passed, worker error): the id still names it.
         return error_response(exc, headers=headers)
-    finally:
-        stream.close()
     return OrjsonResponse(whole, headers=headers)
 
 
-def sse(data: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(data) + b"\n\n"
+def idempotency_key_of(request: Request) -> str | None:
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is None:
+        return None
+    if not 0 < len(key) <= MAX_IDEMPOTENCY_KEY or not key.isprintable():
+        raise InvalidRequestError(
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters", param="Idempotency-Key"
+        )
+    return key
 
 
-async def event_stream(
-    state: ApiState, stream: ReplyStream, renderer: Renderer, tracker: RequestTracker
-) -> AsyncIterator[bytes]:
-    finished = False
-    state.metrics.open_streams.inc()
+def fingerprint(route: Route, body: GenerationFields) -> str:
+    """What makes two requests the same request: the route and every field as parsed, except
+    ``stream`` (a repeat may read the same execution as a stream or as one body)."""
+    fields = body.model_dump(mode="json", exclude={"stream"})
+    return hashlib.sha256(orjson.dumps([route, fields], option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+async def claim_key(state: ApiState, record: RequestRecord, key: str) -> RequestRecord | None:
     try:
-        opening = renderer.opening()
-        if opening is not None:
-            yield sse(opening)
-        async for batch in stream.batches():
-            # Events that arrived together leave together: one ASGI message and one socket write for the
-            # batch instead of one per chunk (a lagging API thereby writes less per chunk, not more).
-            frames: list[bytes] = []
-            for event in batch:
-                tracker.on_event(event)
-                if event.type == "chunk":
-                    frames.append(sse(renderer.content(event)))
-                elif event.type == "final":
-                    finished = True
-                    frames.append(sse(renderer.finish(event)))
-                    if renderer.include_usage:
-                        frames.append(sse(renderer.usage_chunk(event)))
-                elif event.type == "error":
-                    finished = True
-                    error = event_error(event)
-                    frames.append(sse(error_body_of(error)))
-            if finished:
-                frames.append(DONE)
-            if frames:
-                yield b"".join(frames)
-    finally:
-        stream.close()
-        state.metrics.open_streams.dec()
-        if not finished:
-            # The client left (or the server is stopping): cancel so the worker aborts the engine
-            # request. Sent from a detached task because this generator is being cancelled.
-            state.spawn(send_cancel(state, stream.request_id))
-
-
-async def collect(stream: ReplyStream, renderer: Renderer, tracker: RequestTracker) -> dict[str, Any]:
-    texts: list[str] = []
-    token_ids: list[int] = []
-    async for event in stream.events():
-        tracker.on_event(event)
-        if event.type == "chunk":
-            texts.append(event.text)
-            token_ids += event.token_ids
-        elif event.type == "final":
-            return renderer.whole("".join(texts), token_ids, event)
-        elif event.type == "error":
-            raise event_error(event)
-    raise ServiceUnavailableError("the output stream ended without a final event")
-
-
-class ClientGone(Exception):
-    """The client disconnected before its response was ready."""
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` unless the client disconnects first; then cancel it and raise ``ClientGone``."""
-    task = asyncio.ensure_future(work)
-
-    async def client_left() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(client_left())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise ClientGone
-    return task.result()
-
-
-async def send_cancel(state: ApiState, request_id: str) -> None:
-    try:
-        await output.cancel(state.redis, state.keys, request_id, ttl_s=state.settings.cancel_ttl_s)
-    except RedisError:
-        # The worker still finishes the request; its output expires unread.
-        pass
-
-
-def event_error(event: OutputEvent) -> TailcutError:
-    """The error a worker reported, as the exception the HTTP edge renders."""
-    message = event.error_message or "the request failed"
-    code = event.error_code
-    if code == "invalid_request":
-        return InvalidRequestError(message, code=code)
-    if code == "expired":
-        return DeadlineExceededError(message)
-    return ServiceUnavailableError(message, code=code)
+        return await requests.claim(state.redis, state.keys, record, key, ttl_s=state.settings.idempotency_ttl_s)
+    except RedisError as exc:
+        raise ServiceUnavailableError(f"the request store (Redis) does not answer: {exc}") from exc

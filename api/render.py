@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from queues.messages import OutputEvent
+from queues.requests import RequestRecord
 
 
 class Renderer:
@@ -121,3 +122,9 @@ class CompletionRenderer(Renderer):
 
     def whole_choice(self, text: str) -> dict[str, Any]:
         return {"index": 0, "text": text, "logprobs": None}
+
+
+def renderer_for(record: RequestRecord) -> Renderer:
+    """The renderer of a request as its record describes it (the route it came by, its options)."""
+    kind: type[Renderer] = ChatRenderer if record.route == "chat" else CompletionRenderer
+    return kind(record.id, record.model, return_token_ids=record.return_token_ids, include_usage=record.include_usage)

@@ -23,6 +23,19 @@ class ApiSettings(AdmissionSettings, ReplySettings):
     api_keys: list[str] = Field(
         default_factory=list, description="Accepted bearer tokens (JSON list); empty means no auth."
     )
+    resume_grace_s: float = Field(
+        10.0,
+        ge=0,
+        le=3600,
+        description="A client of a resumable request (sent with an Idempotency-Key) that leaves cancels it only "
+        "after this long, and only if no client attached again (0: at once).",
+    )
+    idempotency_ttl_s: int = Field(
+        3600,
+        ge=10,
+        description="How long a request stays resumable and its Idempotency-Key replays it; keep at most "
+        "TAILCUT_OUTPUT_TTL_S.",
+    )
     shed_probe_interval_s: float = Field(
         0.1, gt=0, le=10, description="How often the API reads the intake streams' backlog for shedding."
     )

@@ -10,24 +10,6 @@ means unfenced (a writer outside any delivery, such as a test standing in for a 
 
 from __future__ import annotations
 
-import weakref
-from typing import Any
-
-import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
-
-_registered: weakref.WeakKeyDictionary[aioredis.Redis, dict[str, AsyncScript]] = weakref.WeakKeyDictionary()
-
-
-async def run(redis: aioredis.Redis, source: str, keys: list[str], args: list[Any]) -> Any:
-    """Run one of the scripts below on ``redis`` (EVALSHA, loading it once per client)."""
-    scripts = _registered.setdefault(redis, {})
-    script = scripts.get(source)
-    if script is None:
-        script = scripts[source] = redis.register_script(source)
-    return await script(keys=keys, args=args)
-
-
 # Writes a batch of events of several requests. KEYS: fence_1, out_1, fence_2, out_2, ...
 # ARGV: ttl_s, n_requests, then per request: token, channel, n_events, (seq, payload) * n_events.
 # Returns the indices (1-based) of the fenced requests. Durable copy first, then one PUBLISH per

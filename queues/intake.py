@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from queues import fencing
+from queues import fencing, scripts
 from queues.keys import FENCE_TTL_S, WORKER_GROUP, Keys
 from queues.messages import RequestMessage
 
@@ -106,7 +106,7 @@ async def fence(redis: aioredis.Redis, keys: Keys, entries: Sequence[IntakeEntry
 async def ack(redis: aioredis.Redis, keys: Keys, entry: IntakeEntry) -> bool:
     """Acknowledge and delete a finished entry (one group per stream, so nobody else needs it) and
     drop its fencing token; False, and nothing done, when a newer delivery holds the request."""
-    done = await fencing.run(
+    done = await scripts.run(
         redis, fencing.ACK, [keys.fence(entry.message.id), entry.stream], [entry.fence, WORKER_GROUP, entry.entry_id]
     )
     return bool(done)
@@ -114,7 +114,7 @@ async def ack(redis: aioredis.Redis, keys: Keys, entry: IntakeEntry) -> bool:
 
 async def dead_letter(redis: aioredis.Redis, keys: Keys, entry: IntakeEntry, reason: str) -> bool:
     """Move an entry to the dead-letter stream with its reason and acknowledge it; False when fenced."""
-    done = await fencing.run(
+    done = await scripts.run(
         redis,
         fencing.DEAD_LETTER,
         [keys.fence(entry.message.id), entry.stream, keys.dead_letter],
@@ -132,7 +132,7 @@ async def keep_claimed(redis: aioredis.Redis, keys: Keys, consumer: str, entries
     args: list[str | int] = [WORKER_GROUP, consumer]
     for entry in entries:
         args += [entry.fence, entry.entry_id]
-    fenced = await fencing.run(redis, fencing.KEEP_CLAIMED, script_keys, args)
+    fenced = await scripts.run(redis, fencing.KEEP_CLAIMED, script_keys, args)
     return [entries[int(index) - 1].message.id for index in fenced]
 
 
@@ -190,7 +190,7 @@ async def requeue(redis: aioredis.Redis, keys: Keys, entry: IntakeEntry, message
     the continuation exists exactly when the original is acknowledged. None, and nothing done, when a
     newer delivery holds the request."""
     stream = keys.intake(message.tier, message.bucket)
-    new_id = await fencing.run(
+    new_id = await scripts.run(
         redis,
         fencing.REQUEUE,
         [keys.fence(entry.message.id), entry.stream, stream],

@@ -57,6 +57,20 @@ class Keys:
         # and the worker that took its entry over never both write.
         return f"{self.prefix}fence:{request_id}"
 
+    def request(self, request_id: str) -> str:
+        # An accepted request's record (owner tenant, response shape): what a resume needs, and the
+        # check that only its tenant reads it. Kept as long as its output.
+        return f"{self.prefix}req:{request_id}"
+
+    def idempotency(self, tenant: str, key: str) -> str:
+        # A tenant's Idempotency-Key → the one request it created; a repeat replays that request.
+        return f"{self.prefix}idem:{tenant}:{key}"
+
+    def attachments(self, request_id: str) -> str:
+        # Counter of clients that attached to a resumable request (a resume adds one): a client that
+        # left cancels the request only if nobody attached again within the grace time.
+        return f"{self.prefix}attach:{request_id}"
+
     def cancelled(self, request_id: str) -> str:
         # Tombstone for a cancelled request, so a worker that picks it up later does not run it.
         return f"{self.prefix}cancelled:{request_id}"

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from queues import fencing
+from queues import fencing, scripts
 from queues.keys import Keys
 from queues.messages import OutputEvent
 
@@ -128,7 +128,7 @@ class OutputWriter:
             args += [fence, self._keys.reply_channel(reply_to), len(events)]
             for event in events:
                 args += [event.seq, orjson.dumps(event)]
-        fenced = await fencing.run(self._redis, fencing.WRITE_EVENTS, keys, args)
+        fenced = await scripts.run(self._redis, fencing.WRITE_EVENTS, keys, args)
         order = list(requests.items())
         return [(order[int(index) - 1][0], order[int(index) - 1][1][1]) for index in fenced]
 
@@ -140,6 +140,38 @@ async def read_output(
     end = stream_id(to_seq) if to_seq is not None else "+"
     rows = await redis.xrange(keys.output(request_id), min=stream_id(from_seq), max=end)
     return [OutputEvent.from_dict(orjson.loads(fields[EVENT_FIELD])) for _id, fields in rows]
+
+
+async def follow_output(
+    redis: aioredis.Redis,
+    keys: Keys,
+    request_id: str,
+    *,
+    after_seq: int,
+    block_ms: int = 1000,
+    alive: Callable[[], Awaitable[bool]] | None = None,
+) -> AsyncIterator[list[OutputEvent]]:
+    """The events of ``request_id`` after position ``after_seq``, straight from the durable output
+    stream (what a resume reads, on any API process): what is there, then each new batch as it is
+    written (XREAD BLOCK on ``redis``, a blocking client), until the terminal event. While nothing
+    arrives, ``alive()`` says whether there is still something to wait for (the request's record)."""
+    key = keys.output(request_id)
+    last = stream_id(after_seq) if after_seq > 0 else "0-0"
+    while True:
+        reply = await redis.xread({key: last}, count=1000, block=block_ms)
+        if not reply:
+            if alive is not None and not await alive():
+                return
+            continue
+        rows = reply[0][1]
+        events = [OutputEvent.from_dict(orjson.loads(fields[EVENT_FIELD])) for _id, fields in rows]
+        last_id = rows[-1][0]
+        last = last_id.decode() if isinstance(last_id, bytes) else str(last_id)
+        for position, event in enumerate(events):
+            if event.terminal:
+                yield events[: position + 1]
+                return
+        yield events
 
 
 async def cancel(redis: aioredis.Redis, keys: Keys, request_id: str, *, ttl_s: int) -> None:

@@ -64,6 +64,12 @@ class DeadlineExceededError(RecoverableError):
     code = "deadline_exceeded"
 
 
+class RequestNotFoundError(RecoverableError):
+    """No request with this id for the caller (never accepted, another tenant's, or expired)."""
+
+    code = "request_not_found"
+
+
 class JobNotFoundError(RecoverableError):
     """No batch job with this id (never submitted here, or its result expired)."""
 

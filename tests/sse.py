@@ -10,9 +10,11 @@ import orjson
 DONE = "[DONE]"
 
 
-async def stream_events(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> list[Any]:
+async def stream_events(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], *, headers: dict[str, str] | None = None
+) -> list[Any]:
     events: list[Any] = []
-    async with client.stream("POST", url, json=body) as response:
+    async with client.stream("POST", url, json=body, headers=headers) as response:
         assert response.status_code == 200, await response.aread()
         assert response.headers["content-type"].startswith("text/event-stream")
         async for line in response.aiter_lines():

@@ -1,0 +1,175 @@
+"""A request's output events as an HTTP response: SSE frames (each with an ``id:``, the event's
+position, for ``Last-Event-ID``) or one whole body; and what happens when the client leaves.
+
+A client that leaves cancels its request at once (the worker aborts it in the engine), unless the
+request is resumable (it was sent with an ``Idempotency-Key``): then the cancel waits
+``resume_grace_s`` and is sent only if no client attached again meanwhile (``GET /v1/requests/{id}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import orjson
+from redis.exceptions import RedisError
+from starlette.requests import Request
+
+from api.errors import error_body_of
+from api.metrics import RequestTracker
+from api.render import Renderer
+from api.state import ApiState
+from queues import output, requests
+from queues.messages import OutputEvent
+from queues.replies import ReplyStream
+from tailcut.errors import DeadlineExceededError, InvalidRequestError, ServiceUnavailableError, TailcutError
+
+T = TypeVar("T")
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(data: dict[str, Any], event_id: int | None = None) -> bytes:
+    frame = b"data: " + orjson.dumps(data) + b"\n\n"
+    return frame if event_id is None else b"id: %d\n" % event_id + frame
+
+
+def event_frames(event: OutputEvent, renderer: Renderer) -> list[bytes]:
+    """The SSE frames of one event; the last one carries its position as the SSE id."""
+    if event.type == "chunk":
+        return [sse(renderer.content(event), event.seq)]
+    if event.type == "final":
+        if renderer.include_usage:
+            return [sse(renderer.finish(event)), sse(renderer.usage_chunk(event), event.seq)]
+        return [sse(renderer.finish(event), event.seq)]
+    if event.type == "error":
+        return [sse(error_body_of(event_error(event)), event.seq)]
+    return []
+
+
+async def reply_batches(stream: ReplyStream) -> AsyncIterator[list[OutputEvent]]:
+    """A live request's batches; the stream is closed however the reading ends."""
+    try:
+        async for batch in stream.batches():
+            yield batch
+    finally:
+        stream.close()
+
+
+async def event_stream(
+    state: ApiState,
+    request_id: str,
+    batches: AsyncIterator[list[OutputEvent]],
+    renderer: Renderer,
+    *,
+    tracker: RequestTracker | None,
+    opening: bool,
+    resumable: bool,
+) -> AsyncIterator[bytes]:
+    finished = False
+    state.metrics.open_streams.inc()
+    try:
+        first = renderer.opening() if opening else None
+        if first is not None:
+            yield sse(first)
+        async for batch in batches:
+            # Events that arrived together leave together: one ASGI message and one socket write for the
+            # batch instead of one per chunk (a lagging API thereby writes less per chunk, not more).
+            frames: list[bytes] = []
+            for event in batch:
+                if tracker is not None:
+                    tracker.on_event(event)
+                frames += event_frames(event, renderer)
+                finished = finished or event.terminal
+            if finished:
+                frames.append(DONE)
+            if frames:
+                yield b"".join(frames)
+    except RedisError as exc:
+        # A resume reads Redis itself: say why the stream ends, and where to pick it up again.
+        yield sse(error_body_of(ServiceUnavailableError(f"the output store does not answer ({exc}); resume later")))
+    finally:
+        state.metrics.open_streams.dec()
+        if not finished:
+            # The client left (or the server is stopping). Sent from a detached task because this
+            # generator is being cancelled.
+            state.spawn(leave(state, request_id, resumable=resumable))
+        await aclose(batches)
+
+
+async def aclose(batches: AsyncIterator[list[OutputEvent]]) -> None:
+    close = getattr(batches, "aclose", None)
+    if close is not None:
+        await close()
+
+
+async def collect(
+    events: AsyncIterator[list[OutputEvent]], renderer: Renderer, tracker: RequestTracker | None
+) -> dict[str, Any]:
+    texts: list[str] = []
+    token_ids: list[int] = []
+    try:
+        async for batch in events:
+            for event in batch:
+                if tracker is not None:
+                    tracker.on_event(event)
+                if event.type == "chunk":
+                    texts.append(event.text)
+                    token_ids += event.token_ids
+                elif event.type == "final":
+                    return renderer.whole("".join(texts), token_ids, event)
+                elif event.type == "error":
+                    raise event_error(event)
+    finally:
+        await aclose(events)
+    raise ServiceUnavailableError("the output stream ended without a final event")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response was ready."""
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client disconnects first; then cancel it and raise ``ClientGone``."""
+    task = asyncio.ensure_future(work)
+
+    async def client_left() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(client_left())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGone
+    return task.result()
+
+
+async def leave(state: ApiState, request_id: str, *, resumable: bool) -> None:
+    """The client of ``request_id`` left before its end: cancel it, at once or, for a resumable
+    request, after the grace time unless another client attached meanwhile."""
+    try:
+        if resumable and state.settings.resume_grace_s > 0:
+            before = await requests.attachments(state.redis, state.keys, request_id)
+            await asyncio.sleep(state.settings.resume_grace_s)
+            if await requests.attachments(state.redis, state.keys, request_id) != before:
+                return
+        await output.cancel(state.redis, state.keys, request_id, ttl_s=state.settings.cancel_ttl_s)
+    except RedisError:
+        # The worker still finishes the request; its output expires unread.
+        pass
+
+
+def event_error(event: OutputEvent) -> TailcutError:
+    """The error a worker reported, as the exception the HTTP edge renders."""
+    message = event.error_message or "the request failed"
+    code = event.error_code
+    if code == "invalid_request":
+        return InvalidRequestError(message, code=code)
+    if code == "expired":
+        return DeadlineExceededError(message)
+    return ServiceUnavailableError(message, code=code)
