@@ -60,6 +60,12 @@ class ApiMetrics:
             buckets=TOKEN_ERROR_BUCKETS,
             registry=self.registry,
         )
+        self.degraded = Counter(
+            "tailcut_requests_degraded_total",
+            "Requests that finished degraded (a summary instead of the full reply), by reason.",
+            ["tier", "reason"],
+            registry=self.registry,
+        )
         self.open_streams = Gauge(
             "tailcut_open_streams", "Requests this process is waiting on.", registry=self.registry
         )
@@ -91,3 +97,5 @@ class RequestTracker:
             self._metrics.prediction_error.labels(tier).observe(error)
         elif event.type == "error":
             self._metrics.finished.labels(tier, event.error_code or "error").inc()
+        elif event.type == "degraded" and event.degraded:
+            self._metrics.degraded.labels(tier, str(event.degraded.get("reason", "unknown"))).inc()

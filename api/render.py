@@ -42,6 +42,17 @@ class Renderer:
         raise NotImplementedError
 
     def finish(self, event: OutputEvent) -> dict[str, Any]:
+        """The final chunk; a degraded reply says so in its ``tailcut`` object."""
+        chunk = self._chunk(self.empty_choice(event.finish_reason))
+        if event.degraded:
+            chunk["tailcut"] = event.degraded
+        return chunk
+
+    def notice(self, event: OutputEvent) -> dict[str, Any]:
+        """A ``degraded`` event: an empty chunk whose ``tailcut`` object says what follows and why."""
+        return {**self._chunk(self.empty_choice(None)), "tailcut": event.degraded}
+
+    def empty_choice(self, finish_reason: str | None) -> dict[str, Any]:
         raise NotImplementedError
 
     def usage_chunk(self, event: OutputEvent) -> dict[str, Any]:
@@ -62,7 +73,7 @@ class Renderer:
         choice = {**self.whole_choice(text), "finish_reason": final.finish_reason}
         if self.return_token_ids:
             choice["token_ids"] = token_ids
-        return {
+        body = {
             "id": self.id,
             "object": self.object_whole,
             "created": self.created,
@@ -70,6 +81,9 @@ class Renderer:
             "choices": [choice],
             "usage": usage(final),
         }
+        if final.degraded:
+            body["tailcut"] = final.degraded
+        return body
 
 
 def usage(event: OutputEvent) -> dict[str, int]:
@@ -99,8 +113,8 @@ class ChatRenderer(Renderer):
             choice["token_ids"] = event.token_ids
         return self._chunk(choice)
 
-    def finish(self, event: OutputEvent) -> dict[str, Any]:
-        return self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": event.finish_reason})
+    def empty_choice(self, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
 
     def whole_choice(self, text: str) -> dict[str, Any]:
         return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
@@ -117,8 +131,8 @@ class CompletionRenderer(Renderer):
             choice["token_ids"] = event.token_ids
         return self._chunk(choice)
 
-    def finish(self, event: OutputEvent) -> dict[str, Any]:
-        return self._chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": event.finish_reason})
+    def empty_choice(self, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}
 
     def whole_choice(self, text: str) -> dict[str, Any]:
         return {"index": 0, "text": text, "logprobs": None}

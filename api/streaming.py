@@ -44,6 +44,8 @@ def event_frames(event: OutputEvent, renderer: Renderer) -> list[bytes]:
         return [sse(renderer.finish(event), event.seq)]
     if event.type == "error":
         return [sse(error_body_of(event_error(event)), event.seq)]
+    if event.type == "degraded":
+        return [sse(renderer.notice(event), event.seq)]
     return []
 
 

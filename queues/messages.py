@@ -69,6 +69,8 @@ class RequestMessage:
     slice_index: int = 0
     generated_token_ids: list[int] = field(default_factory=list)
     next_seq: int = 1
+    # Epoch ms of the continuation's last output (0: none yet): how long it has waited to resume.
+    last_output_ms: int = 0
 
     def dumps(self) -> bytes:
         return orjson.dumps(self)
@@ -94,6 +96,9 @@ class OutputEvent:
     completion_tokens: int | None = None
     error_code: str | None = None
     error_message: str | None = None
+    # On a ``degraded`` event and on the final event after it: what the client gets instead of the
+    # full reply and why, e.g. {"degraded": "summary", "reason": "heartbeat", "gap_ms": 734}.
+    degraded: dict[str, str | int] | None = None
 
     @property
     def terminal(self) -> bool:

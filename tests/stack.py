@@ -29,6 +29,7 @@ from queues.jobs import connect_arq
 from queues.keys import Keys
 from tailcut.processes import RedisServer, private_redis
 from workers.engines.base import Engine
+from workers.prompter import Prompter
 from workers.settings import WorkerSettings
 from workers.worker import Worker
 
@@ -71,15 +72,18 @@ async def running_api(
 
 @contextlib.asynccontextmanager
 async def running_workers(
-    settings: list[WorkerSettings], engine: Engine, redis_url: str
+    settings: list[WorkerSettings], engine: Engine, redis_url: str, *, prompter: Prompter | None = None
 ) -> AsyncIterator[list[Worker]]:
+    """Workers on the shared engine. Without ``prompter`` nothing degrades to a summary: the tests
+    that compare streams with greedy references run on two shared cores, where a 500 ms stall in
+    decode is not rare; the degrade tests pass one."""
     clients: list[aioredis.Redis] = []
     workers: list[Worker] = []
     for worker_settings in settings:
         redis = connect(redis_url, timeout_s=1.0)
         blocking = connect_blocking(redis_url, block_s=worker_settings.read_block_ms / 1000, connect_timeout_s=1.0)
         clients += [redis, blocking]
-        workers.append(Worker(worker_settings, engine, redis, blocking))
+        workers.append(Worker(worker_settings, engine, redis, blocking, prompter=prompter))
     tasks = [asyncio.create_task(worker.run()) for worker in workers]
     try:
         yield workers
@@ -100,10 +104,11 @@ async def running_stack(
     num_workers: int = 1,
     jobs: dict[str, object] | None = None,
     worker: dict[str, object] | None = None,
+    prompter: Prompter | None = None,
     **api_overrides: object,
 ) -> AsyncIterator[Stack]:
     """``jobs``: ``JobsSettings`` fields for the API's ``/v1/jobs`` routes (limits, defaults);
-    ``worker``: ``WorkerSettings`` fields for every worker."""
+    ``worker``: ``WorkerSettings`` fields for every worker; ``prompter``: see ``running_workers``."""
     prefix = unique_prefix()
     api_settings = ApiSettings(redis_url=redis_url, key_prefix=prefix, model=str(model_dir), **api_overrides)  # type: ignore[arg-type]
     worker_settings = [
@@ -122,7 +127,10 @@ async def running_stack(
     try:
         jobs_settings = JobsSettings(redis_url=redis_url, key_prefix=prefix, **(jobs or {}))  # type: ignore[arg-type]
         async with running_api(api_settings, model_dir, jobs_settings) as base_url:
-            async with running_workers(worker_settings, engine, redis_url) if engine else _no_workers() as workers:
+            workers_running = (
+                running_workers(worker_settings, engine, redis_url, prompter=prompter) if engine else _no_workers()
+            )
+            async with workers_running as workers:
                 yield Stack(base_url, Keys(prefix), redis, api_settings, workers)
     finally:
         with contextlib.suppress(RedisError):  # a test may have killed its Redis

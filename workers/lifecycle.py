@@ -64,6 +64,8 @@ class RequestLifecycle:
         self.slice_index = message.slice_index  # of the next engine call
         self.call_tokens = 0  # tokens the current engine call produced so far
         self.num_calls = 0
+        # Set once the request degrades: what the client is told (``workers.degrade``).
+        self.degraded: dict[str, str | int] | None = None
 
     @property
     def id(self) -> str:
@@ -96,6 +98,30 @@ class RequestLifecycle:
         self.num_calls += 1
         return call
 
+    @property
+    def remaining_tokens(self) -> int:
+        return self.message.sampling.max_tokens - len(self.generated)
+
+    def degrade(self, *, reason: str, gap_ms: int) -> OutputEvent:
+        """Stop full decoding: the ``degraded`` event to emit before the summary (``summary_call``)."""
+        self.degraded = {"degraded": "summary", "reason": reason, "gap_ms": gap_ms}
+        event = OutputEvent(rid=self.id, seq=self.seq, type="degraded", degraded=self.degraded)
+        self.seq += 1
+        return event
+
+    def summary_call(self, prompt_ids: list[int], *, max_tokens: int) -> EngineCall:
+        """The engine call of the summary: greedy, bounded, ahead of the rest of the request's tier."""
+        call = EngineCall(
+            engine_request_id=f"{self.id}-{self.message.attempt}-{self.slice_index}-summary",
+            prompt_token_ids=prompt_ids,
+            sampling=SamplingSpec(max_tokens=max_tokens, temperature=0.0),
+            priority=self._scheduler.summary_priority(self.request),
+        )
+        self.slice_index += 1
+        self.call_tokens = 0
+        self.num_calls += 1
+        return call
+
     def on_output(self, token_ids: list[int], text: str, *, event: bool = True) -> OutputEvent | None:
         """New output of the current call; the chunk event to emit, if there is anything to say.
         ``event=False``: advance the same, without building the event (the simulator sends nothing)."""
@@ -113,9 +139,14 @@ class RequestLifecycle:
         return OutputEvent(rid=self.id, seq=seq, type="chunk", text=text, token_ids=token_ids)
 
     def end_call(self, finish_reason: str | None, view: Callable[[], EngineView]) -> CallOutcome:
-        """The current call ended (``finish_reason`` as the engine said): finish, go on, or yield."""
+        """The current call ended (``finish_reason`` as the engine said): finish, go on, or yield. A
+        summary always finishes the request."""
         self._scheduler.advance(self.id, self.call_tokens)
-        if finish_reason != "length" or len(self.generated) >= self.message.sampling.max_tokens:
+        if (
+            self.degraded is not None
+            or finish_reason != "length"
+            or len(self.generated) >= self.message.sampling.max_tokens
+        ):
             return Finished(
                 OutputEvent(
                     rid=self.id,
@@ -124,6 +155,7 @@ class RequestLifecycle:
                     finish_reason=finish_reason or "stop",
                     prompt_tokens=len(self.message.prompt_token_ids),
                     completion_tokens=len(self.generated),
+                    degraded=self.degraded,
                 )
             )
         if self._scheduler.at_slice_boundary(self.id, view()):

@@ -11,6 +11,7 @@ from queues.connection import check_redis, connect, connect_blocking
 from tailcut.logs import log_event
 from tailcut.models import resolve_model
 from workers.engines.factory import start_engine
+from workers.prompter import Prompter
 from workers.settings import WorkerSettings
 from workers.worker import Worker
 
@@ -25,7 +26,7 @@ async def serve(settings: WorkerSettings) -> None:
     )
     await check_redis(redis)
     engine = start_engine(settings.engine, model_dir, settings.max_model_len)
-    worker = Worker(settings, engine, redis, blocking)
+    worker = Worker(settings, engine, redis, blocking, prompter=Prompter.load(model_dir))
     # What start-up loaded lives as long as the process: keep the collector from walking it again
     # and again while requests allocate (the API does the same).
     gc.freeze()

@@ -30,6 +30,8 @@ class ArrivalOrder(RunningTable):
     """``fifo``: everything in arrival order, each request in one engine call."""
 
     steers_token_budget = False
+    # A plain engine server streams what the engine gives, however late.
+    degrades = False
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__()
@@ -66,6 +68,9 @@ class ArrivalOrder(RunningTable):
 
     def engine_priority(self, request: SchedRequest) -> int:
         return 0
+
+    def summary_priority(self, request: SchedRequest) -> int:
+        return self.engine_priority(request)
 
     def at_slice_boundary(self, request_id: str, view: EngineView) -> bool:
         return False

@@ -50,6 +50,7 @@ def _urgency(request: SchedRequest) -> tuple[int, ...]:
 
 class TailcutPolicy(RunningTable):
     steers_token_budget = True
+    degrades = True
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__()
@@ -122,7 +123,11 @@ class TailcutPolicy(RunningTable):
         return min(request.remaining_tokens, self.config.slice_tokens)
 
     def engine_priority(self, request: SchedRequest) -> int:
-        return TIER_RANK[request.tier]
+        """The tier, spaced so that each tier's summaries fit in ahead of it (lower runs first)."""
+        return 2 * TIER_RANK[request.tier] + 1
+
+    def summary_priority(self, request: SchedRequest) -> int:
+        return 2 * TIER_RANK[request.tier]
 
     # --- fair share -----------------------------------------------------------------------------
 

@@ -145,12 +145,26 @@ class SchedulingPolicy(Protocol):
 
     def engine_priority(self, request: SchedRequest) -> int: ...
 
+    def summary_priority(self, request: SchedRequest) -> int:
+        """Engine priority of a degraded request's summary: ahead of its tier, behind more urgent ones."""
+        ...
+
+    @property
+    def degrades(self) -> bool:
+        """Whether late requests finish with a summary (``workers.degrade``) under this policy."""
+        ...
+
     def at_slice_boundary(self, request_id: str, view: EngineView) -> bool:
         """``True``: the request yields (the caller re-queues it as a continuation); ``False``: go on."""
         ...
 
     def prefetch_room(self, tier: Tier, prefetch: int) -> int:
         """How many more requests of ``tier`` the driver may read ahead into the local queue."""
+        ...
+
+    def admit_now(self, request: SchedRequest) -> None:
+        """Count ``request`` (taken out of the queue with ``remove``) as running without a round: a
+        degraded continuation's summary, which must not wait for one."""
         ...
 
 
@@ -206,6 +220,9 @@ class RunningTable:
         if request is not None:
             request.prompt_tokens += num_generated
             request.remaining_tokens -= num_generated
+
+    def admit_now(self, request: SchedRequest) -> None:
+        self._running[request.id] = request
 
     def prefilled(self, request_id: str) -> None:
         """The engine produced the request's first token (only ``tailcut`` counts prefills)."""

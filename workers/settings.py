@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from queues.keys import BUCKETS, Bucket
 from tailcut.settings import CommonSettings
 from workers.budget import BudgetConfig
+from workers.degrade import DegradeConfig
 from workers.engines.costmodel import DEFAULT_PROFILE, PROFILES
 from workers.engines.sim_live import DEFAULT_TIME_SCALE
 from workers.scheduling import PolicyName, SchedulerConfig
@@ -183,6 +184,29 @@ class SchedulerSettings(BaseModel):
         )
 
 
+_DEGRADE = DegradeConfig()
+
+
+class DegradeSettings(BaseModel):
+    """The heartbeat → summary fallback (``TAILCUT_DEGRADE__NAME``); see ``workers.degrade``."""
+
+    realtime_heartbeat_ms: int = Field(
+        _DEGRADE.realtime_heartbeat_ms, ge=0, description="Realtime: longest silence in decode before a summary."
+    )
+    normal_heartbeat_ms: int = Field(_DEGRADE.normal_heartbeat_ms, ge=0, description="The same for normal.")
+    background_heartbeat_ms: int = Field(
+        _DEGRADE.background_heartbeat_ms, ge=0, description="The same for background (0: never)."
+    )
+    summary_max_tokens: int = Field(_DEGRADE.summary_max_tokens, ge=1, le=4096, description="Longest summary.")
+    watch_interval_ms: int = Field(_DEGRADE.watch_interval_ms, ge=5, le=10_000, description="Watchdog period.")
+    quote_chars: int = Field(
+        _DEGRADE.quote_chars, ge=64, description="Most characters of prompt and answer the summary prompt quotes."
+    )
+
+    def config(self) -> DegradeConfig:
+        return DegradeConfig(**self.model_dump())
+
+
 class WorkerSettings(CommonSettings):
     # A worker waits out a slow Redis rather than failing requests (the API's 0.5 s is for its 503).
     redis_timeout_s: float = Field(5.0, gt=0, le=60, description="Timeout of a worker's non-blocking Redis calls.")
@@ -212,6 +236,7 @@ class WorkerSettings(CommonSettings):
     )
     engine: EngineSettings = Field(default_factory=lambda: EngineSettings())
     scheduler: SchedulerSettings = Field(default_factory=lambda: SchedulerSettings())
+    degrade: DegradeSettings = Field(default_factory=lambda: DegradeSettings())
 
     @model_validator(mode="after")
     def _check_reclaim(self) -> WorkerSettings:
@@ -226,6 +251,9 @@ class WorkerSettings(CommonSettings):
                 f"max_num_batched_tokens ({self.engine.max_num_batched_tokens}); lower the first or raise the second"
             )
         return self
+
+    def degrade_config(self) -> DegradeConfig:
+        return self.degrade.config()
 
     def scheduler_config(self) -> SchedulerConfig:
         return self.scheduler.config(prefill_chunk_tokens=self.engine.long_prefill_token_threshold)

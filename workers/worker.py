@@ -16,9 +16,11 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
 
 from queues import intake
 from queues.intake import IntakeEntry
@@ -29,8 +31,9 @@ from tailcut.errors import EngineDeadError, InvalidRequestError
 from tailcut.logs import log_event
 from workers.capacity import BudgetFollower, StepTimer, engine_view
 from workers.engines.base import Engine
-from workers.lifecycle import Finished, RequestLifecycle, Yield, error_event, resumed
+from workers.lifecycle import EngineCall, Finished, RequestLifecycle, Yield, error_event, resumed
 from workers.policies import make_scheduler
+from workers.prompter import Prompter
 from workers.scheduling import EngineView, SchedRequest
 from workers.settings import WorkerSettings
 
@@ -45,6 +48,8 @@ SCHEDULE_TICK_S = 0.05
 # room an admission frees is used within it rather than after a whole read_block_ms.
 BLOCK_WHILE_FULL_MS = 20
 BACKLOG_PROBE_S = 0.1
+# The operators' event stream keeps about this many entries.
+EVENTS_KEPT = 10_000
 HELPERS_STOP_S = 5.0
 
 
@@ -59,9 +64,13 @@ class Worker:
         engine: Engine,
         redis: aioredis.Redis,
         blocking_redis: aioredis.Redis,
+        *,
+        prompter: Prompter | None = None,
     ) -> None:
+        """``prompter``: the served model's tokenizer for summaries; None: nothing degrades."""
         self._settings = settings
         self._engine = engine
+        self._prompter = prompter
         self._redis = redis
         self._blocking = blocking_redis
         self._keys = Keys(settings.key_prefix)
@@ -69,6 +78,9 @@ class Worker:
         self.scheduler = make_scheduler(settings.scheduler_config())
         self._entries: dict[str, IntakeEntry] = {}  # every entry held: waiting here or running
         self._tasks: dict[str, asyncio.Task[None]] = {}  # running requests
+        self._lives: dict[str, RequestLifecycle] = {}  # their lifecycles
+        self._beats: dict[str, float] = {}  # time.monotonic() of each one's last event
+        self._degrading: dict[str, int] = {}  # the watchdog stopped these: gap in ms
         self._cancel_requested: set[str] = set()
         self._preempting: set[str] = set()
         # (request id, fencing token) of deliveries a newer delivery has taken from this worker.
@@ -92,6 +104,7 @@ class Worker:
         # (request id, time.monotonic()) of every entry read, in order.
         self.accepted: deque[tuple[str, float]] = deque(maxlen=SERVED_IDS_KEPT)
         self.num_preempted = 0
+        self.num_degraded = 0
         self.num_yielded = 0
         self.num_engine_calls = 0
 
@@ -127,6 +140,8 @@ class Worker:
             asyncio.create_task(self._reclaim_loop(), name="worker-reclaim"),
             asyncio.create_task(self._read_loop(), name="worker-reader"),
         ]
+        if self.scheduler.degrades and self._prompter is not None:
+            helpers.append(asyncio.create_task(self._watch_heartbeats(), name="worker-degrade-watchdog"))
         log_event(
             log,
             "worker_started",
@@ -268,14 +283,18 @@ class Worker:
 
     # --- one request --------------------------------------------------------------------------
 
-    async def _serve(self, entry: IntakeEntry, request: SchedRequest) -> None:
+    async def _serve(self, entry: IntakeEntry, request: SchedRequest, *, degrade_gap_ms: int | None = None) -> None:
+        """Run one delivery of a request to its end; ``degrade_gap_ms``: a continuation that waited
+        too long to resume, answered with its summary at once."""
         message = entry.message
         life = RequestLifecycle(message, request, self.scheduler)
+        self._lives[message.id] = life
         started_ms = now_ms()
         outcome = "final"
 
         def emit(event: OutputEvent) -> None:
             self._writer.emit(message.reply_to, event, fence=entry.fence)
+            self._beats[message.id] = time.monotonic()
 
         try:
             if await self._redis.exists(self._keys.cancelled(message.id)):
@@ -289,41 +308,20 @@ class Worker:
                 if not await intake.dead_letter(self._redis, self._keys, entry, "expired"):
                     outcome = "fenced"
                 return
-            call = life.next_call()
-            while True:
-                finish_reason: str | None = None
-                self.num_engine_calls += 1
-                last_delta = time.monotonic()
-                deltas = self._engine.generate(
-                    call.engine_request_id, call.prompt_token_ids, call.sampling, priority=call.priority
-                )
-                # Closed however the loop ends, so the engine aborts an abandoned request at once.
-                async with contextlib.aclosing(deltas):
-                    async for delta in deltas:
-                        if self._stopped_by_other(entry):
-                            # The task was cancelled, but a library may have swallowed the
-                            # CancelledError mid-call (redis-py does): stop here all the same.
-                            raise asyncio.CancelledError
-                        prefilling = not life.call_tokens
-                        event = life.on_output(delta.token_ids, delta.text)
-                        if event is not None:
-                            emit(event)
-                            if prefilling:
-                                self._wake.set()  # its prompt left the budget: a round may admit more
-                            current = time.monotonic()
-                            self._step.observe((current - last_delta) * 1000)
-                            last_delta = current
-                        if delta.finish_reason is not None:
-                            finish_reason = delta.finish_reason
-                next_step = life.end_call(finish_reason, self.view)
-                if isinstance(next_step, Finished):
-                    emit(next_step.event)
-                    return
-                if isinstance(next_step, Yield):
-                    outcome = "yielded" if await self._requeue(entry, next_step.message) else "fenced"
-                    self.num_yielded += 1
-                    return
-                call = next_step.call
+            if degrade_gap_ms is not None:
+                outcome = await self._summarise(entry, life, emit, degrade_gap_ms)
+                return
+            try:
+                outcome = await self._decode(entry, life, emit)
+            except asyncio.CancelledError:
+                gap_ms = self._degrading.pop(message.id, None)
+                if gap_ms is None or self._stopped_by_other(entry) or self._stopping.is_set():
+                    raise
+                # The watchdog found it silent too long: the rest of the reply is a summary.
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                outcome = await self._summarise(entry, life, emit, gap_ms)
         except asyncio.CancelledError:
             if (message.id, entry.fence) in self._fenced:
                 # Another worker took the entry over (this one looked dead): it owns the output now.
@@ -358,7 +356,121 @@ class Worker:
             log.exception("request_failed rid=%s", message.id)
             emit(life.error("internal_error", f"the worker failed: {type(exc).__name__}"))
         finally:
+            if self._lives.get(message.id) is life:
+                del self._lives[message.id]
+                self._beats.pop(message.id, None)
+                self._degrading.pop(message.id, None)
             await self._finish(entry, outcome, started_ms, request)
+
+    async def _decode(self, entry: IntakeEntry, life: RequestLifecycle, emit: Callable[[OutputEvent], None]) -> str:
+        """Full decoding, slice by slice, until the request finishes or yields; returns the outcome."""
+        call = life.next_call()
+        while True:
+            finish_reason = await self._run_call(entry, life, call, emit)
+            next_step = life.end_call(finish_reason, self.view)
+            if isinstance(next_step, Finished):
+                emit(next_step.event)
+                return "final"
+            if isinstance(next_step, Yield):
+                self.num_yielded += 1
+                return "yielded" if await self._requeue(entry, next_step.message) else "fenced"
+            call = next_step.call
+
+    async def _summarise(
+        self, entry: IntakeEntry, life: RequestLifecycle, emit: Callable[[OutputEvent], None], gap_ms: int
+    ) -> str:
+        """Finish the request with a bounded summary of its prompt and its text so far, produced by the
+        engine and streamed as the rest of the response, marked degraded."""
+        assert self._prompter is not None  # the watchdog degrades nothing without one
+        degrade = self._settings.degrade_config()
+        emit(life.degrade(reason="heartbeat", gap_ms=gap_ms))
+        self.num_degraded += 1
+        message = entry.message
+        log_event(log, "request_degraded", logging.WARNING, rid=message.id, tier=message.tier, gap_ms=gap_ms)
+        await self._event("degraded", rid=message.id, tier=message.tier, reason="heartbeat", gap_ms=gap_ms)
+        prompt = self._prompter.summary_prompt(
+            message.prompt_token_ids,
+            life.generated,
+            max_prompt_tokens=self._engine.max_model_len - degrade.summary_max_tokens,
+            quote_chars=degrade.quote_chars,
+        )
+        call = life.summary_call(prompt, max_tokens=degrade.summary_max_tokens)
+        finish_reason = await self._run_call(entry, life, call, emit)
+        outcome = life.end_call(finish_reason, self.view)
+        assert isinstance(outcome, Finished)  # a summary always finishes the request
+        emit(outcome.event)
+        return "degraded"
+
+    async def _run_call(
+        self, entry: IntakeEntry, life: RequestLifecycle, call: EngineCall, emit: Callable[[OutputEvent], None]
+    ) -> str | None:
+        """One engine call: stream its output as events; returns its finish reason."""
+        finish_reason: str | None = None
+        self.num_engine_calls += 1
+        last_delta = time.monotonic()
+        deltas = self._engine.generate(
+            call.engine_request_id, call.prompt_token_ids, call.sampling, priority=call.priority
+        )
+        # Closed however the loop ends, so the engine aborts an abandoned request at once.
+        async with contextlib.aclosing(deltas):
+            async for delta in deltas:
+                if self._stopped_by_other(entry):
+                    # The task was cancelled, but a library may have swallowed the CancelledError
+                    # mid-call (redis-py does): stop here all the same.
+                    raise asyncio.CancelledError
+                prefilling = not life.call_tokens
+                event = life.on_output(delta.token_ids, delta.text)
+                if event is not None:
+                    emit(event)
+                    if prefilling:
+                        self._wake.set()  # its prompt left the budget: a round may admit more
+                    current = time.monotonic()
+                    self._step.observe((current - last_delta) * 1000)
+                    last_delta = current
+                if delta.finish_reason is not None:
+                    finish_reason = delta.finish_reason
+        return finish_reason
+
+    async def _event(self, kind: str, **fields: str | int) -> None:
+        """One entry on the operators' event stream ``tc:events`` (best effort)."""
+        entry: dict[FieldT, EncodableT] = {"type": kind, "worker": self.worker_id, "at_ms": now_ms()}
+        entry.update(fields)
+        try:
+            await self._redis.xadd(self._keys.events, entry, maxlen=EVENTS_KEPT, approximate=True)
+        except RedisError as exc:
+            log_event(log, "event_write_failed", logging.WARNING, kind=kind, error=str(exc))
+
+    async def _watch_heartbeats(self) -> None:
+        """The degrade watchdog: a request in decode silent past its tier's limit finishes with a summary;
+        so does a continuation waiting here to resume for that long since its last output."""
+        degrade = self._settings.degrade_config()
+        while not self._stopping.is_set():
+            await self._pause(degrade.watch_interval_ms / 1000)
+            now = time.monotonic()
+            for request_id, life in list(self._lives.items()):
+                task = self._tasks.get(request_id)
+                last = self._beats.get(request_id)
+                if task is None or last is None or life.degraded is not None or request_id in self._degrading:
+                    continue
+                if not life.call_tokens:
+                    continue  # its engine call has not produced a token yet: a prefill, not a stall
+                gap_ms = (now - last) * 1000
+                if degrade.is_late(life.message.tier, gap_ms, life.remaining_tokens):
+                    self._degrading[request_id] = int(gap_ms)
+                    task.cancel()
+            wall_ms = now_ms()
+            for request in list(self.scheduler.waiting()):
+                entry = self._entries.get(request.id)
+                if entry is None or not entry.message.last_output_ms:
+                    continue
+                gap_ms = wall_ms - entry.message.last_output_ms
+                remaining = entry.message.sampling.max_tokens - len(entry.message.generated_token_ids)
+                if degrade.is_late(request.tier, gap_ms, remaining) and self.scheduler.remove(request.id) is not None:
+                    # Taken out of the queue: it runs now, as its summary (short and bounded).
+                    self.scheduler.admit_now(request)
+                    self._tasks[request.id] = asyncio.create_task(
+                        self._serve(entry, request, degrade_gap_ms=int(gap_ms)), name=f"summary-{request.id}"
+                    )
 
     async def _requeue(self, entry: IntakeEntry, message: RequestMessage) -> bool:
         """Hand the rest of the request back to the intake stream as the continuation ``message``;
@@ -368,6 +480,7 @@ class Worker:
         picked up elsewhere must never write before our earlier positions are in.
         """
         await self._writer.flush()
+        message.last_output_ms = now_ms()
         return await intake.requeue(self._redis, self._keys, entry, message) is not None
 
     def _stopped_by_other(self, entry: IntakeEntry) -> bool:

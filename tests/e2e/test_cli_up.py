@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from tailcut.processes import private_redis
+from tests.procs import descendants, processes
 
 pytestmark = pytest.mark.engine
 
@@ -34,35 +35,6 @@ def test_private_redis_starts_answers_and_stops() -> None:
         client.close()
     with pytest.raises(redis.ConnectionError):
         redis.Redis.from_url(server.url, socket_connect_timeout=0.5).ping()
-
-
-# --- the process table ---
-
-
-def processes() -> dict[int, tuple[int, int, str]]:
-    """Every live process: pid → (parent pid, process group, command line); zombies left out."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
-            if fields[0] != "Z":
-                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                found[int(entry.name)] = (int(fields[1]), int(fields[2]), command.strip())
-    return found
-
-
-def descendants(pid: int) -> dict[int, tuple[int, int, str]]:
-    """The live processes below ``pid``: its children, theirs, and so on."""
-    table = processes()
-    below: dict[int, tuple[int, int, str]] = {}
-    parents = {pid}
-    while parents:
-        children = {child: row for child, row in table.items() if row[0] in parents and child not in below}
-        below |= children
-        parents = set(children)
-    return below
 
 
 def survivors(tree: dict[int, tuple[int, int, str]], groups: set[int]) -> list[str]:

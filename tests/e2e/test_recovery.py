@@ -26,6 +26,8 @@ from queues.replies import ReplyRouter
 from tests.conftest import TEST_KV_CACHE_BYTES, TEST_MAX_MODEL_LEN
 from tests.e2e.conftest import API_ID
 from tests.e2e.test_streaming import reference_ids
+from tests.procs import descendants
+from tests.procs import processes as live_processes
 from tests.sse import DONE, finish_reasons, stream_events, streamed_token_ids
 from tests.stack import running_stack, running_workers
 from workers.engines.vllm_engine import VllmEngine
@@ -245,7 +247,9 @@ async def test_a_paused_worker_that_comes_back_is_fenced_off_and_writes_nothing(
     assert events[-1] == DONE and finish_reasons(events) == ["length"]
     assert alive, "the paused worker did not come back"
     assert all(entry["pending"] == 0 for entry in pending)
-    assert "output_fenced" in log.read_text(), "the paused worker's late writes were not refused"
+    # It learned that it lost the request from the fence (a refused write, or a refused claim refresh,
+    # whichever came first after SIGCONT) and let it go; tests/integration shows the refused write.
+    assert "request_fenced" in log.read_text(), "the paused worker was not fenced off"
 
 
 async def start_worker_process(
@@ -262,6 +266,9 @@ async def start_worker_process(
         "TAILCUT_WORKER_ID": worker_id,
         "TAILCUT_ENGINE__KV_CACHE_MEMORY_BYTES": str(TEST_KV_CACHE_BYTES),
         "TAILCUT_ENGINE__MAX_NUM_SEQS": "8",
+        # Compared with greedy references: no summary fallback (see tests.stack.running_workers).
+        "TAILCUT_DEGRADE__REALTIME_HEARTBEAT_MS": "0",
+        "TAILCUT_DEGRADE__NORMAL_HEARTBEAT_MS": "0",
     }
     log = folder / f"{worker_id}.log"
     with log.open("wb") as out:
@@ -272,41 +279,11 @@ async def start_worker_process(
     return process, log
 
 
-def descendants(pid: int) -> dict[int, str]:
-    """Every process below ``pid`` (pid → name), from /proc."""
-    parent_of: dict[int, int] = {}
-    names: dict[int, str] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            text = stat.read_text()
-            name = text[text.index("(") + 1 : text.rindex(")")]
-            fields = text[text.rindex(")") + 2 :].split()
-            child = int(stat.parent.name)
-            parent_of[child], names[child] = int(fields[1]), name
-    found: dict[int, str] = {}
-    frontier = [pid]
-    while frontier:
-        current = frontier.pop()
-        for child, parent in parent_of.items():
-            if parent == current and child not in found:
-                found[child] = names[child]
-                frontier.append(child)
-    return found
-
-
-def is_alive(pid: int) -> bool:
-    """Running or sleeping: neither gone nor a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-async def still_running(processes: dict[int, str], *, timeout_s: float) -> dict[int, str]:
-    """Those of ``processes`` still alive (not gone, not a zombie) after up to ``timeout_s``."""
+async def still_running(processes: dict[int, tuple[int, int, str]], *, timeout_s: float) -> list[str]:
+    """Those of ``processes`` still alive (neither gone nor a zombie) after up to ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
-        alive = {pid: name for pid, name in processes.items() if is_alive(pid)}
+        alive = [f"{pid} {row[2]}" for pid, row in processes.items() if pid in live_processes()]
         if not alive or time.monotonic() > deadline:
             return alive
         await asyncio.sleep(0.1)

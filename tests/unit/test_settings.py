@@ -17,8 +17,9 @@ from admission.settings import AdmissionSettings
 from api.settings import ApiSettings
 from jobs.settings import JobsSettings
 from tailcut.jobs_cli import API_KEY_ENV
+from workers.degrade import DegradeConfig
 from workers.scheduling import SchedulerConfig
-from workers.settings import EngineSettings, SchedulerSettings, WorkerSettings
+from workers.settings import DegradeSettings, EngineSettings, SchedulerSettings, WorkerSettings
 
 README = (Path(__file__).parents[2] / "README.md").read_text()
 # `| `TAILCUT_NAME` | default | meaning |` rows of the configuration table.
@@ -41,18 +42,20 @@ def test_settings_defaults_are_the_typed_configs_defaults() -> None:
     assert SchedulerSettings().config() == SchedulerConfig()
     assert EngineSettings().long_prefill_token_threshold == SchedulerConfig().prefill_chunk_tokens
     assert WorkerSettings().scheduler_config() == SchedulerConfig()
+    assert DegradeSettings().config() == DegradeConfig()
 
 
 def settings_fields() -> Iterator[tuple[str, type[BaseModel], str]]:
-    """(environment variable, settings class, field) of every setting a process reads."""
+    """(environment variable, settings class, field) of every setting a process reads, nested
+    groups (``TAILCUT_ENGINE__NAME``) included."""
     for cls in (ApiSettings, WorkerSettings, JobsSettings):
-        for name in cls.model_fields:
-            if cls is WorkerSettings and name in ("engine", "scheduler"):
-                continue
-            yield f"TAILCUT_{name.upper()}", cls, name
-    for prefix, nested in (("ENGINE", EngineSettings), ("SCHEDULER", SchedulerSettings)):
-        for name in nested.model_fields:
-            yield f"TAILCUT_{prefix}__{name.upper()}", nested, name
+        for name, field in cls.model_fields.items():
+            nested = field.annotation
+            if isinstance(nested, type) and issubclass(nested, BaseModel):
+                for inner in nested.model_fields:
+                    yield f"TAILCUT_{name.upper()}__{inner.upper()}", nested, inner
+            else:
+                yield f"TAILCUT_{name.upper()}", cls, name
 
 
 def written(value: object) -> set[str]:
