@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from api.responses import OrjsonResponse
 from api.state import ApiState
+from queues.breakers import STATE_VALUES, read_breakers
 
 router = APIRouter()
 
@@ -27,8 +28,10 @@ async def readyz(request: Request) -> OrjsonResponse:
     state: ApiState = request.app.state.tailcut
     problems: list[str] = []
     workers = 0
+    breakers: dict[str, dict[str, str | int]] = {}
     try:
         await state.redis.ping()
+        breakers = {tier: view.as_dict() for tier, view in (await read_breakers(state.redis, state.keys)).items()}
         # Each worker's score is the time until which its last beat vouches for it (its own
         # heartbeat interval decides; see ``queues.keys.Keys.workers``).
         workers = int(await state.redis.zcount(state.keys.workers, time.time(), "+inf"))
@@ -38,7 +41,15 @@ async def readyz(request: Request) -> OrjsonResponse:
         problems.append("reply channel not subscribed")
     if not workers and not problems:
         problems.append("no live worker")
-    body = {"ready": not problems, "workers": workers, "model": state.model.name, "problems": problems}
+    # Open breakers do not make the service unready: they say it is degraded (tier 0) or wants more
+    # capacity (tier 1); an autoscaler reads them here or as tailcut_breaker_state.
+    body = {
+        "ready": not problems,
+        "workers": workers,
+        "model": state.model.name,
+        "problems": problems,
+        "breakers": breakers,
+    }
     return OrjsonResponse(body, status_code=200 if not problems else 503)
 
 
@@ -46,4 +57,9 @@ async def readyz(request: Request) -> OrjsonResponse:
 async def metrics(request: Request) -> Response:
     """Prometheus exposition of this API process."""
     state: ApiState = request.app.state.tailcut
+    try:
+        for tier, view in (await read_breakers(state.redis, state.keys)).items():
+            state.metrics.breaker_state.labels(tier).set(STATE_VALUES[view.state])
+    except RedisError:
+        pass  # the last values stand; Redis being down shows elsewhere
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

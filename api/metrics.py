@@ -66,6 +66,13 @@ class ApiMetrics:
             ["tier", "reason"],
             registry=self.registry,
         )
+        self.breaker_state = Gauge(
+            "tailcut_breaker_state",
+            "Circuit breaker of each SLO tier: 0 closed, 1 half-open, 2 open (realtime: degrade mode; "
+            "normal: scale up; background: slow, logged).",
+            ["tier"],
+            registry=self.registry,
+        )
         self.open_streams = Gauge(
             "tailcut_open_streams", "Requests this process is waiting on.", registry=self.registry
         )

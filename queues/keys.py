@@ -91,6 +91,24 @@ class Keys:
         # Operator-facing event log: breaker trips, scale-up signals, degradations.
         return f"{self.prefix}events"
 
+    def breaker(self, tier: Tier) -> str:
+        # Hash with the circuit breaker of a tier (state, since when, why), shared by every worker and
+        # read by the API for /readyz and its metrics.
+        return f"{self.prefix}breaker:{tier}"
+
+    def recent_latencies(self, tier: Tier) -> str:
+        # List of a tier's last finished-request latencies (ms, newest first): the consecutive rule.
+        return f"{self.prefix}lat:recent:{tier}"
+
+    def latency_window(self, tier: Tier) -> str:
+        # Sorted set of a tier's finished-request latencies scored by finish time: the P99 window rule.
+        return f"{self.prefix}lat:window:{tier}"
+
+    @property
+    def breaker_evaluation(self) -> str:
+        # Lock that lets one worker per interval evaluate the window rules for all.
+        return f"{self.prefix}breaker:evaluation"
+
     @property
     def arq_queue(self) -> str:
         # arq's queue of batch jobs (a sorted set; arq adds ``:health-check``). arq's own per-job keys

@@ -22,6 +22,7 @@ def engine_view(
     kv_capacity_tokens: int,
     backlog: Mapping[tuple[Tier, Bucket], int],
     step_ms: float,
+    admit_background: bool = True,
 ) -> EngineView:
     """Slots and KV as the scheduler sees them: a request being preempted has left ``running``
     already (its abort is in flight), so it is not preempted a second time on the next round."""
@@ -34,6 +35,7 @@ def engine_view(
         free_kv_tokens=kv_capacity_tokens - kv_tokens,
         backlog=dict(backlog),
         step_ms=step_ms,
+        admit_background=admit_background,
     )
 
 

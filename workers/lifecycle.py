@@ -64,8 +64,10 @@ class RequestLifecycle:
         self.slice_index = message.slice_index  # of the next engine call
         self.call_tokens = 0  # tokens the current engine call produced so far
         self.num_calls = 0
-        # Set once the request degrades: what the client is told (``workers.degrade``).
+        # Set once the request degrades: what the client is told (``workers.degrade``, the breakers).
         self.degraded: dict[str, str | int] | None = None
+        self.summarising = False
+        self.max_tokens = message.sampling.max_tokens  # lowered by ``cap``
 
     @property
     def id(self) -> str:
@@ -100,12 +102,25 @@ class RequestLifecycle:
 
     @property
     def remaining_tokens(self) -> int:
-        return self.message.sampling.max_tokens - len(self.generated)
+        return self.max_tokens - len(self.generated)
 
     def degrade(self, *, reason: str, gap_ms: int) -> OutputEvent:
         """Stop full decoding: the ``degraded`` event to emit before the summary (``summary_call``)."""
-        self.degraded = {"degraded": "summary", "reason": reason, "gap_ms": gap_ms}
-        event = OutputEvent(rid=self.id, seq=self.seq, type="degraded", degraded=self.degraded)
+        self.summarising = True
+        return self._notice({"degraded": "summary", "reason": reason, "gap_ms": gap_ms})
+
+    def cap(self, max_tokens: int, *, reason: str) -> OutputEvent | None:
+        """Make the reply at most ``max_tokens`` longer than it is (degrade mode); the ``degraded``
+        event to emit first, or None when it is not that long anyway."""
+        if self.remaining_tokens <= max_tokens:
+            return None
+        self.max_tokens = len(self.generated) + max_tokens
+        self.request.remaining_tokens = min(self.request.remaining_tokens, max_tokens)
+        return self._notice({"degraded": "capped", "reason": reason, "max_tokens": max_tokens})
+
+    def _notice(self, degraded: dict[str, str | int]) -> OutputEvent:
+        self.degraded = degraded
+        event = OutputEvent(rid=self.id, seq=self.seq, type="degraded", degraded=degraded)
         self.seq += 1
         return event
 
@@ -142,11 +157,7 @@ class RequestLifecycle:
         """The current call ended (``finish_reason`` as the engine said): finish, go on, or yield. A
         summary always finishes the request."""
         self._scheduler.advance(self.id, self.call_tokens)
-        if (
-            self.degraded is not None
-            or finish_reason != "length"
-            or len(self.generated) >= self.message.sampling.max_tokens
-        ):
+        if self.summarising or finish_reason != "length" or len(self.generated) >= self.max_tokens:
             return Finished(
                 OutputEvent(
                     rid=self.id,

@@ -66,6 +66,8 @@ class TailcutPolicy(RunningTable):
         self._rtt_ms: dict[str, float] = {}
         # Admitted requests whose prompt the engine is still computing: id → prompt tokens.
         self._prefilling: dict[str, int] = {}
+        # The round's view says whether background may enter (no, in the breaker's degrade mode).
+        self._admit_background = True
 
     # --- what the scheduler holds ---------------------------------------------------------------
 
@@ -145,6 +147,7 @@ class TailcutPolicy(RunningTable):
     # --- one round ------------------------------------------------------------------------------
 
     def schedule(self, view: EngineView, now_ms: int) -> Decision:
+        self._admit_background = view.admit_background
         budget = self.current_budget(view, now_ms)
         decision = Decision(token_budget=budget)
         slots, kv = view.free_slots, view.free_kv_tokens
@@ -216,7 +219,7 @@ class TailcutPolicy(RunningTable):
         return first or spent + self._chunk(request.prompt_tokens) <= budget
 
     def _oldest_lower(self) -> SchedRequest | None:
-        candidates = [*self._normal(), *self._background]
+        candidates = [*self._normal(), *(self._background if self._admit_background else ())]
         return min(candidates, key=lambda request: request.arrival_ms, default=None)
 
     def _pick(self, slots: int, kv: int, budget: int, spent: int, *, first: bool) -> SchedRequest | None:
@@ -243,7 +246,7 @@ class TailcutPolicy(RunningTable):
                 return normal
             self._normal_by_bucket[normal.bucket].push_front(normal.tenant, normal, _cost(normal))
             return None
-        background = self._background.peek()
+        background = self._background.peek() if self._admit_background else None
         if background is not None and self._fits(background, kv, budget, spent, first):
             self._cut_ins = 0
             return self._background.pop()

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from queues.keys import BUCKETS, Bucket
 from tailcut.settings import CommonSettings
+from workers.breakers import BreakerConfig
 from workers.budget import BudgetConfig
 from workers.degrade import DegradeConfig
 from workers.engines.costmodel import DEFAULT_PROFILE, PROFILES
@@ -207,6 +208,41 @@ class DegradeSettings(BaseModel):
         return DegradeConfig(**self.model_dump())
 
 
+_BREAKERS = BreakerConfig()
+
+
+class BreakerSettings(BaseModel):
+    """The tiered circuit breakers (``TAILCUT_BREAKERS__NAME``); see ``workers.breakers``."""
+
+    realtime_over_ms: int = Field(_BREAKERS.realtime_over_ms, ge=1, description="Tier 0: a slow realtime request.")
+    realtime_trip_count: int = Field(
+        _BREAKERS.realtime_trip_count, ge=1, description="Tier 0: this many slow ones in a row open it."
+    )
+    realtime_open_s: float = Field(
+        _BREAKERS.realtime_open_s, gt=0, description="Tier 0: open this long, then probation."
+    )
+    realtime_close_after: int = Field(
+        _BREAKERS.realtime_close_after, ge=1, description="Tier 0: good ones in a row on probation close it."
+    )
+    realtime_cap_tokens: int = Field(
+        _BREAKERS.realtime_cap_tokens, ge=1, description="Tier 0 open: longest new realtime reply."
+    )
+    normal_p99_ms: int = Field(_BREAKERS.normal_p99_ms, ge=1, description="Tier 1: P99 TTFT of normal that signals.")
+    normal_window_s: float = Field(_BREAKERS.normal_window_s, gt=0, description="Tier 1: sliding window.")
+    background_p99_ms: int = Field(_BREAKERS.background_p99_ms, ge=1, description="Tier 2: P99 TTFT logged.")
+    background_window_s: float = Field(_BREAKERS.background_window_s, gt=0, description="Tier 2: sliding window.")
+    min_samples: int = Field(_BREAKERS.min_samples, ge=1, description="A window rule judges with this many samples.")
+    evaluate_interval_s: float = Field(
+        _BREAKERS.evaluate_interval_s, gt=0, le=300, description="How often the window rules run (one worker)."
+    )
+    webhook_url: str = Field(_BREAKERS.webhook_url, description="POSTed on each tier-1 change (empty: none).")
+    webhook_timeout_s: float = Field(_BREAKERS.webhook_timeout_s, gt=0, le=60, description="Webhook timeout.")
+    webhook_attempts: int = Field(_BREAKERS.webhook_attempts, ge=1, le=20, description="Webhook tries.")
+
+    def config(self) -> BreakerConfig:
+        return BreakerConfig(**self.model_dump())
+
+
 class WorkerSettings(CommonSettings):
     # A worker waits out a slow Redis rather than failing requests (the API's 0.5 s is for its 503).
     redis_timeout_s: float = Field(5.0, gt=0, le=60, description="Timeout of a worker's non-blocking Redis calls.")
@@ -237,6 +273,7 @@ class WorkerSettings(CommonSettings):
     engine: EngineSettings = Field(default_factory=lambda: EngineSettings())
     scheduler: SchedulerSettings = Field(default_factory=lambda: SchedulerSettings())
     degrade: DegradeSettings = Field(default_factory=lambda: DegradeSettings())
+    breakers: BreakerSettings = Field(default_factory=lambda: BreakerSettings())
 
     @model_validator(mode="after")
     def _check_reclaim(self) -> WorkerSettings:
@@ -251,6 +288,9 @@ class WorkerSettings(CommonSettings):
                 f"max_num_batched_tokens ({self.engine.max_num_batched_tokens}); lower the first or raise the second"
             )
         return self
+
+    def breaker_config(self) -> BreakerConfig:
+        return self.breakers.config()
 
     def degrade_config(self) -> DegradeConfig:
         return self.degrade.config()

@@ -29,6 +29,7 @@ from queues.messages import OutputEvent, RequestMessage
 from queues.output import OutputWriter, read_output
 from tailcut.errors import EngineDeadError, InvalidRequestError
 from tailcut.logs import log_event
+from workers.breakers import Breakers
 from workers.capacity import BudgetFollower, StepTimer, engine_view
 from workers.engines.base import Engine
 from workers.lifecycle import EngineCall, Finished, RequestLifecycle, Yield, error_event, resumed
@@ -50,6 +51,8 @@ BLOCK_WHILE_FULL_MS = 20
 BACKLOG_PROBE_S = 0.1
 # The operators' event stream keeps about this many entries.
 EVENTS_KEPT = 10_000
+# How often a worker reads the shared circuit breakers.
+BREAKER_REFRESH_S = 1.0
 HELPERS_STOP_S = 5.0
 
 
@@ -81,6 +84,8 @@ class Worker:
         self._lives: dict[str, RequestLifecycle] = {}  # their lifecycles
         self._beats: dict[str, float] = {}  # time.monotonic() of each one's last event
         self._degrading: dict[str, int] = {}  # the watchdog stopped these: gap in ms
+        self._first_chunk_ms: dict[str, int] = {}  # epoch ms of the first chunk, when this delivery sent it
+        self.breakers = Breakers(redis, self._keys, settings.breaker_config(), events=self._event)
         self._cancel_requested: set[str] = set()
         self._preempting: set[str] = set()
         # (request id, fencing token) of deliveries a newer delivery has taken from this worker.
@@ -140,6 +145,8 @@ class Worker:
             asyncio.create_task(self._reclaim_loop(), name="worker-reclaim"),
             asyncio.create_task(self._read_loop(), name="worker-reader"),
         ]
+        if self.scheduler.degrades:
+            helpers.append(asyncio.create_task(self._breaker_loop(), name="worker-breakers"))
         if self.scheduler.degrades and self._prompter is not None:
             helpers.append(asyncio.create_task(self._watch_heartbeats(), name="worker-degrade-watchdog"))
         log_event(
@@ -162,6 +169,7 @@ class Worker:
             for task in stuck:
                 log_event(log, "helper_did_not_stop", logging.WARNING, task=task.get_name())
             await self._writer.close()
+            await self.breakers.close()
             with contextlib.suppress(RedisError):
                 # Gone, not merely late: whatever it left pending is taken over at once.
                 await self._redis.zadd(self._keys.workers, {self.worker_id: 0})
@@ -244,6 +252,7 @@ class Worker:
             kv_capacity_tokens=self._engine.kv_capacity_tokens or 1 << 40,
             backlog=self._backlog,
             step_ms=self._step.value_ms,
+            admit_background=self.breakers.admits_background,
         )
 
     async def _schedule_loop(self) -> None:
@@ -295,6 +304,8 @@ class Worker:
         def emit(event: OutputEvent) -> None:
             self._writer.emit(message.reply_to, event, fence=entry.fence)
             self._beats[message.id] = time.monotonic()
+            if event.type == "chunk" and event.seq == 1:
+                self._first_chunk_ms[message.id] = now_ms()
 
         try:
             if await self._redis.exists(self._keys.cancelled(message.id)):
@@ -311,6 +322,12 @@ class Worker:
             if degrade_gap_ms is not None:
                 outcome = await self._summarise(entry, life, emit, degrade_gap_ms)
                 return
+            if message.tier == "realtime" and self.breakers.degrade_mode and not life.started:
+                # The realtime breaker is open: a long reply is capped, and says so.
+                notice = life.cap(self.breakers.config.realtime_cap_tokens, reason="breaker")
+                if notice is not None:
+                    emit(notice)
+                    self.num_degraded += 1
             try:
                 outcome = await self._decode(entry, life, emit)
             except asyncio.CancelledError:
@@ -360,7 +377,10 @@ class Worker:
                 del self._lives[message.id]
                 self._beats.pop(message.id, None)
                 self._degrading.pop(message.id, None)
+            first_chunk_ms = self._first_chunk_ms.pop(message.id, None)
             await self._finish(entry, outcome, started_ms, request)
+            if outcome in ("final", "degraded") and self.scheduler.degrades:
+                await self._record_latency(message, first_chunk_ms)
 
     async def _decode(self, entry: IntakeEntry, life: RequestLifecycle, emit: Callable[[OutputEvent], None]) -> str:
         """Full decoding, slice by slice, until the request finishes or yields; returns the outcome."""
@@ -430,6 +450,34 @@ class Worker:
                 if delta.finish_reason is not None:
                     finish_reason = delta.finish_reason
         return finish_reason
+
+    async def _record_latency(self, message: RequestMessage, first_chunk_ms: int | None) -> None:
+        """Feed the breakers a finished request's latencies, from its enqueue time (best effort)."""
+        finished_ms = now_ms()
+        ttft_ms = first_chunk_ms - message.enqueued_at_ms if first_chunk_ms is not None else None
+        try:
+            await self.breakers.record(
+                message.tier,
+                ttft_ms=ttft_ms,
+                e2e_ms=finished_ms - message.enqueued_at_ms,
+                request_id=message.id,
+                now_ms=finished_ms,
+            )
+        except RedisError as exc:
+            log_event(log, "breaker_record_failed", logging.WARNING, rid=message.id, error=str(exc))
+
+    async def _breaker_loop(self) -> None:
+        """Read the shared breakers every second; evaluate the time-driven rules when it is our turn."""
+        while not self._stopping.is_set():
+            try:
+                before = self.breakers.admits_background
+                await self.breakers.evaluate(now_ms())
+                await self.breakers.refresh()
+                if self.breakers.admits_background and not before:
+                    self._wake.set()  # background may enter again
+            except RedisError as exc:
+                log_event(log, "breaker_refresh_failed", logging.WARNING, error=str(exc))
+            await self._pause(BREAKER_REFRESH_S)
 
     async def _event(self, kind: str, **fields: str | int) -> None:
         """One entry on the operators' event stream ``tc:events`` (best effort)."""

@@ -19,8 +19,9 @@ import pytest
 from queues import intake
 from queues.messages import OutputEvent, RequestMessage, SamplingSpec
 from queues.output import read_output
+from tests.e2e.test_streaming import reference_ids
 from tests.procs import descendants
-from tests.sse import DONE, stream_events, streamed_token_ids
+from tests.sse import DONE, streamed_token_ids
 from tests.stack import running_stack
 from workers.engines.vllm_engine import VllmEngine
 from workers.prompter import Prompter
@@ -32,8 +33,10 @@ SUMMARY_MAX_TOKENS = 24
 
 
 def engine_core_pid() -> int:
-    """The shared test engine's EngineCore process (a child of this test process)."""
-    cores = [pid for pid, row in descendants(os.getpid()).items() if "EngineCore" in row[2]]
+    """The shared test engine's EngineCore process: a child of this test process (not the engine of a
+    process some other test started and that is still going away)."""
+    me = os.getpid()
+    cores = [pid for pid, row in descendants(me).items() if "EngineCore" in row[2] and row[0] == me]
     assert len(cores) == 1, f"expected one engine core below the test process, found {cores}"
     return cores[0]
 
@@ -80,7 +83,8 @@ async def test_a_request_whose_engine_stalls_mid_stream_ends_in_a_summary_marked
             stored = await read_output(stack.redis, stack.keys, request_id, from_seq=1)
             logged = await stack.redis.xrange(stack.keys.events)
             metrics = (await client.get("/metrics")).text
-        reference = streamed_token_ids(await reference_stream(stack, body))
+    # Undisturbed greedy output of the engine itself, outside tailcut (no watchdog to degrade it).
+    reference = await reference_ids(engine, body["prompt"], 600, "degrade-reference")
     chunks = [event for event in events if isinstance(event, dict)]
     notices = [
         index for index, chunk in enumerate(chunks) if "tailcut" in chunk and not chunk["choices"][0]["finish_reason"]
@@ -99,12 +103,6 @@ async def test_a_request_whose_engine_stalls_mid_stream_ends_in_a_summary_marked
     assert stored[-1].completion_tokens == len(before) + len(summary)
     assert any(fields[b"type"] == b"degraded" and fields[b"rid"].decode() == request_id for _id, fields in logged)
     assert 'tailcut_requests_degraded_total{reason="heartbeat",tier="realtime"} 1.0' in metrics
-
-
-async def reference_stream(stack: Any, body: dict[str, Any]) -> list[Any]:
-    """The same request's undisturbed greedy stream, for the part before the stall."""
-    async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
-        return await stream_events(client, "/v1/completions", body)
 
 
 async def test_a_continuation_waiting_too_long_to_resume_is_answered_with_its_summary(
@@ -153,3 +151,38 @@ async def test_a_continuation_waiting_too_long_to_resume_is_answered_with_its_su
     assert 0 < len(summary) <= SUMMARY_MAX_TOKENS
     assert stored[-1].type == "final" and stored[-1].degraded == stored[0].degraded
     assert stored[-1].completion_tokens == 30 + len(summary)
+
+
+async def test_while_the_realtime_breaker_is_open_replies_are_capped_and_background_waits(
+    redis_url: str, tiny_model: Path, engine: VllmEngine
+) -> None:
+    """Tier 0 open (three slow realtime requests, made here with synthetic latencies): a long realtime
+    reply is capped and marked, a background request waits until the breaker closes, and /readyz and
+    /metrics say so."""
+    cap = 12
+    worker = {"breakers": {"realtime_cap_tokens": cap, "realtime_open_s": 60}}
+    realtime = {"model": "tiny", "prompt": [7, 8, 9], "max_tokens": 200, "ignore_eos": True, "tier": "realtime"}
+    background = {**realtime, "max_tokens": 5, "tier": "background"}
+    async with running_stack(redis_url, tiny_model, engine, worker=worker) as stack:
+        breakers = stack.workers[0].breakers
+        for n in range(3):
+            await breakers.record(
+                "realtime", ttft_ms=10, e2e_ms=2_000, request_id=f"slow{n}", now_ms=int(time.time() * 1000)
+            )
+        await asyncio.sleep(1.5)  # the worker reads the breakers every second
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
+            capped = await client.post("/v1/completions", json=realtime)
+            waiting = asyncio.create_task(client.post("/v1/completions", json=background))
+            await asyncio.sleep(1.0)
+            waited = not waiting.done()
+            ready = (await client.get("/readyz")).json()
+            metrics = (await client.get("/metrics")).text
+            await stack.redis.hset(stack.keys.breaker("realtime"), mapping={"state": "closed", "reason": "test"})
+            served = await asyncio.wait_for(waiting, timeout=10)
+    body = capped.json()
+    assert capped.status_code == 200 and body["usage"]["completion_tokens"] == cap
+    assert body["tailcut"] == {"degraded": "capped", "reason": "breaker", "max_tokens": cap}
+    assert waited, "background was admitted while the breaker was open"
+    assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 5
+    assert ready["breakers"]["realtime"]["state"] == "open"
+    assert 'tailcut_breaker_state{tier="realtime"} 2.0' in metrics

@@ -66,3 +66,19 @@ def test_the_client_sees_the_notice_and_the_final_chunk_and_body_marked() -> Non
     )
     plain = OutputEvent(rid="r", seq=9, type="final", finish_reason="stop")
     assert "tailcut" not in chat.finish(plain) and "tailcut" not in chat.whole("t", [], plain)
+
+
+def test_in_degrade_mode_a_long_realtime_reply_is_capped_and_says_so() -> None:
+    scheduler = TailcutPolicy(SchedulerConfig())
+    life = admitted(scheduler, message("realtime", max_tokens=600))
+    notice = life.cap(16, reason="breaker")
+    assert notice is not None and notice.seq == 1
+    assert notice.degraded == {"degraded": "capped", "reason": "breaker", "max_tokens": 16}
+    call = life.next_call()
+    assert call.sampling.max_tokens == 16 and life.request.remaining_tokens == 16
+    run_call(life, 16)
+    outcome = life.end_call("length", lambda: ROOMY)
+    assert isinstance(outcome, Finished) and outcome.event.completion_tokens == 16
+    assert outcome.event.degraded == notice.degraded
+    short = admitted(TailcutPolicy(SchedulerConfig()), message("realtime", max_tokens=10))
+    assert short.cap(16, reason="breaker") is None and short.degraded is None, "short replies are left alone"

@@ -350,3 +350,15 @@ def test_long_normal_work_is_bypassed_by_shorter_buckets_at_most_three_times_in_
         scheduler.add(make("normal", bucket="short", prompt=20, arrival_ms=1 + step, tenant=f"s{step}"))
         picks += [request.bucket for request in scheduler.schedule(roomy(slots=1), now_ms=10 + step).admit]
     assert picks[:4] == ["short", "short", "short", "long"]
+
+
+def test_in_degrade_mode_no_background_enters_not_even_by_the_cut_in_rule() -> None:
+    scheduler = TailcutPolicy(SchedulerConfig(max_cut_ins=1))
+    old_background = make("background", arrival_ms=0)
+    scheduler.add(old_background)
+    for step in range(3):
+        scheduler.add(make("realtime", arrival_ms=10 + step))
+    paused = EngineView(free_slots=10, free_kv_tokens=1 << 20, admit_background=False)
+    admitted = [request.tier for request in scheduler.schedule(paused, now_ms=20).admit]
+    assert admitted == ["realtime", "realtime", "realtime"]
+    assert [request.id for request in scheduler.schedule(roomy(), now_ms=30).admit] == [old_background.id]
