@@ -4,7 +4,8 @@
   requests with an end-to-end latency over ``realtime_over_ms`` open it. While open the service is in
   degrade mode: new realtime replies are capped at ``realtime_cap_tokens`` (marked
   ``{"degraded": "capped", "reason": "breaker"}``) and no background request is admitted. After
-  ``realtime_open_s`` it is half-open: normal service, on probation; ``realtime_close_after`` good
+  ``realtime_open_s`` it is half-open: normal service again (background included: recovery must not
+  wait for realtime traffic that may not come), on probation; ``realtime_close_after`` good
   realtime requests in a row close it, one more slow one opens it again.
 - **Tier 1, normal**: the P99 time to first token of normal requests over a sliding window
   (``normal_window_s``, 5 min) above ``normal_p99_ms`` opens it: a scale-up signal — an event on
@@ -141,8 +142,8 @@ class Breakers:
 
     @property
     def admits_background(self) -> bool:
-        view = self.views.get("realtime")
-        return view is None or view.state == "closed"
+        """Background waits only while tier 0 is open, never longer than ``realtime_open_s`` at a time."""
+        return not self.degrade_mode
 
     async def record(self, tier: Tier, *, ttft_ms: int | None, e2e_ms: int, request_id: str, now_ms: int) -> None:
         """One finished request of ``tier``."""

@@ -85,7 +85,7 @@ class EngineView:
     free_kv_tokens: int
     backlog: dict[tuple[Tier, Bucket], int] = field(default_factory=dict)
     step_ms: float = 20.0
-    # False while the realtime breaker is not closed (degrade mode): no background is admitted.
+    # False while the realtime breaker is open (degrade mode): no background is admitted.
     admit_background: bool = True
 
     def backlog_of(self, *, tiers: tuple[Tier, ...] = (), buckets: tuple[Bucket, ...] = ()) -> int:
