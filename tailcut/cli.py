@@ -17,7 +17,7 @@ from tailcut.errors import ConfigError, TailcutError
 # Sub-commands that other distributions (or tailcut's own extras) add: `bench = "bench.cli:add_parser"`.
 COMMANDS_GROUP = "tailcut.commands"
 # The extra that installs each optional sub-command, for the message when it is missing.
-OPTIONAL_COMMANDS = {"bench": "bench"}
+OPTIONAL_COMMANDS = {"bench": "bench", "chaos": "bench"}
 
 
 def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, object]:

@@ -1,0 +1,48 @@
+"""How ``tailcut chaos`` judges what it saw (pure): positions, duplicates, gaps, outcomes, references."""
+
+from __future__ import annotations
+
+from bench.chaos import ChaosConfig, ChaosResult, Fault, next_token_after
+from bench.chaos_client import Spec, StreamTrace
+from bench.chaos_report import HEADLINE, summary
+
+SPEC = Spec(0, "realtime", [1, 2, 3], 3)
+
+
+def chunk(tokens: list[int], finish: str | None = None, **extra: object) -> dict[str, object]:
+    return {"choices": [{"token_ids": tokens, "finish_reason": finish}], **extra}
+
+
+def trace_of(*events: tuple[int | None, dict[str, object]], request_id: str = "r") -> StreamTrace:
+    trace = StreamTrace(SPEC, request_id=request_id, accepted=True)
+    for position, (event_id, payload) in enumerate(events):
+        trace.see(event_id, payload, float(position))
+    return trace
+
+
+def test_a_stream_is_judged_by_its_positions() -> None:
+    whole = trace_of((1, chunk([7])), (2, chunk([8])), (3, chunk([9])), (4, chunk([], "length")))
+    again = trace_of((1, chunk([7])), (1, chunk([7])), (3, chunk([9])), (4, chunk([], "length")))
+    assert (whole.terminal, whole.duplicates, whole.missing(), whole.token_ids()) == ("final", 0, 0, [7, 8, 9])
+    assert (again.duplicates, again.missing()) == (1, 1)
+
+
+def test_outcomes_and_the_comparison_with_the_reference() -> None:
+    traces = [
+        trace_of((1, chunk([7])), (2, chunk([8])), (3, chunk([9])), (4, chunk([], "length"))),
+        trace_of((1, chunk([7])), (2, chunk([6])), (3, chunk([9])), (4, chunk([], "length"))),
+        trace_of((1, chunk([7])), (2, chunk([], "stop", tailcut={"degraded": "summary"}))),
+        trace_of((1, chunk([7])), (None, {"error": {"code": "expired", "message": "late"}})),
+        trace_of((1, chunk([7]))),
+        StreamTrace(SPEC, rejected_status=429),
+    ]
+    result = ChaosResult(ChaosConfig(), 1.0, traces, {0: [7, 8, 9]}, [], [("x", 400, True)])
+    counts = summary(result)
+    assert [counts[key] for key in HEADLINE] == [5, 2, 1, 1, 1, 0, 0, 1]
+    assert counts["refused_before_acceptance"] == 1 and counts["failures"] == ["expired: late"]
+
+
+def test_the_wait_after_a_kill_is_that_of_the_streams_in_flight() -> None:
+    traces = [trace_of((1, chunk([1])), (2, chunk([2])), (3, chunk([3])), (4, chunk([4])))]  # times 0..3
+    assert next_token_after(Fault("kill_worker", 0.0, 1.5), traces) == 0.5
+    assert next_token_after(Fault("kill_worker", 0.0, 9.0), traces) is None
