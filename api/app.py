@@ -16,6 +16,7 @@ from admission.shedding import Backlog
 from admission.tokenizer import PromptTokenizer
 from api import errors, health, jobs_routes, openai_routes, replay
 from api.settings import ApiSettings
+from api.shutdown import Drain
 from api.state import ApiState
 from jobs.settings import JobsSettings
 from queues.connection import check_redis, connect, connect_blocking
@@ -67,6 +68,7 @@ def create_app(
             jobs_settings=jobs,
             arq=arq,
             backlog=backlog,
+            drain=Drain(settings.shutdown_grace_s),
         )
         app.state.tailcut = state
         # Everything loaded at start-up (the tokenizer, transformers, FastAPI's routes) lives as long as the

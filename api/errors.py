@@ -20,6 +20,7 @@ from tailcut.errors import (
     OverloadedError,
     RequestNotFoundError,
     ServiceUnavailableError,
+    ShuttingDownError,
     TailcutError,
 )
 from tailcut.logs import log_event
@@ -52,6 +53,8 @@ def http_shape(exc: TailcutError) -> tuple[int, str]:
 def http_headers(exc: TailcutError) -> dict[str, str]:
     if isinstance(exc, OverloadedError):
         return {"Retry-After": str(exc.retry_after_s)}
+    if isinstance(exc, ShuttingDownError):
+        return {"Retry-After": "1", "Connection": "close"}
     return {}
 
 

@@ -37,6 +37,8 @@ async def readyz(request: Request) -> OrjsonResponse:
         workers = int(await state.redis.zcount(state.keys.workers, time.time(), "+inf"))
     except RedisError as exc:
         problems.append(f"redis: {exc}")
+    if state.drain.draining:
+        problems.append("shutting down")
     if not state.router.ready:
         problems.append("reply channel not subscribed")
     if not workers and not problems:

@@ -45,6 +45,7 @@ router = APIRouter(dependencies=[Depends(check_auth)])
 @router.post("/v1/jobs")
 async def create_job(body: JobRequest, request: Request) -> OrjsonResponse:
     state = get_state(request)
+    state.drain.refuse_if_draining()
     settings = state.jobs_settings
     state.admitter.check_model(body.model)
     lines = body.log_lines()

@@ -19,6 +19,7 @@ from api.render import renderer_for
 from api.replay import replay
 from api.responses import EventStreamResponse, OrjsonResponse
 from api.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+from api.shutdown import resume_hint
 from api.state import ApiState
 from api.streaming import ClientGone, collect, event_stream, leave, reply_batches, until_disconnect
 from queues import requests
@@ -128,7 +129,11 @@ async def submit(
         state.metrics.shed.labels(exc.tier).inc()
         raise
     message.idempotency_key = idempotency_key
-    stream = state.router.open(message.id)
+
+    async def alive() -> bool:  # its record is stored with its intake entry, in one step
+        return bool(await state.redis.exists(state.keys.request(message.id)))
+
+    stream = state.router.open(message.id, alive=alive)
     try:
         await requests.enqueue(state.redis, state.keys, message, record, ttl_s=state.settings.idempotency_ttl_s)
     except RedisError as exc:
@@ -145,6 +150,7 @@ async def respond(
     generation: GenerationRequest,
     route: Route,
 ) -> Response:
+    state.drain.refuse_if_draining()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     record = RequestRecord(
         id=uuid.uuid4().hex,
@@ -179,7 +185,11 @@ async def respond(
         )  # fmt: skip
         return EventStreamResponse(frames, headers=headers)
     try:
-        whole = await until_disconnect(request, collect(reply_batches(stream), renderer, tracker))
+        async with state.drain.bounded():
+            whole = await until_disconnect(request, collect(reply_batches(stream), renderer, tracker))
+    except TimeoutError:
+        # This process is stopping and its grace time is up: the request runs on, readable elsewhere.
+        return error_response(resume_hint(message.id, stream=False), headers=headers)
     except ClientGone:
         state.spawn(leave(state, message.id, resumable=record.resumable))
         return Response(status_code=CLIENT_CLOSED_REQUEST)

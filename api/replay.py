@@ -18,6 +18,7 @@ from api.auth import check_auth, get_state
 from api.errors import error_response
 from api.render import renderer_for
 from api.responses import EventStreamResponse, OrjsonResponse
+from api.shutdown import resume_hint
 from api.state import ApiState
 from api.streaming import ClientGone, collect, event_stream, until_disconnect
 from queues import output, requests
@@ -85,7 +86,10 @@ async def send_reply(
         )
         return EventStreamResponse(frames, headers=headers)
     try:
-        whole = await until_disconnect(request, collect(batches, renderer, None))
+        async with state.drain.bounded():
+            whole = await until_disconnect(request, collect(batches, renderer, None))
+    except TimeoutError:
+        return error_response(resume_hint(record.id, stream=False), headers=headers)
     except ClientGone:
         return Response(status_code=499)
     except TailcutError as exc:

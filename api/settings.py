@@ -36,6 +36,13 @@ class ApiSettings(AdmissionSettings, ReplySettings):
         description="How long a request stays resumable and its Idempotency-Key replays it; keep at most "
         "TAILCUT_OUTPUT_TTL_S.",
     )
+    shutdown_grace_s: float = Field(
+        15.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM, how long open replies may run to their end; one still running then ends "
+        "with a `server_shutting_down` error saying how to resume it (the request itself runs on).",
+    )
     shed_probe_interval_s: float = Field(
         0.1, gt=0, le=10, description="How often the API reads the intake streams' backlog for shedding."
     )

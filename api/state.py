@@ -15,6 +15,7 @@ from admission.request import ServedModel
 from admission.shedding import Backlog
 from api.metrics import ApiMetrics
 from api.settings import ApiSettings
+from api.shutdown import Drain
 from jobs.settings import JobsSettings
 from queues.keys import Keys
 from queues.replies import ReplyRouter
@@ -32,6 +33,7 @@ class ApiState:
     jobs_settings: JobsSettings
     arq: ArqRedis
     backlog: Backlog
+    drain: Drain
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from api.errors import error_body_of
 from api.metrics import RequestTracker
 from api.render import Renderer
+from api.shutdown import resume_hint
 from api.state import ApiState
 from queues import output, requests
 from queues.messages import OutputEvent
@@ -68,33 +69,40 @@ async def event_stream(
     opening: bool,
     resumable: bool,
 ) -> AsyncIterator[bytes]:
-    finished = False
+    finished = handed_off = False
+    last_seq: int | None = None
     state.metrics.open_streams.inc()
     try:
         first = renderer.opening() if opening else None
         if first is not None:
             yield sse(first)
-        async for batch in batches:
-            # Events that arrived together leave together: one ASGI message and one socket write for the
-            # batch instead of one per chunk (a lagging API thereby writes less per chunk, not more).
-            frames: list[bytes] = []
-            for event in batch:
-                if tracker is not None:
-                    tracker.on_event(event)
-                frames += event_frames(event, renderer)
-                finished = finished or event.terminal
-            if finished:
-                frames.append(DONE)
-            if frames:
-                yield b"".join(frames)
+        async with state.drain.bounded():
+            async for batch in batches:
+                # Events that arrived together leave together: one ASGI message and one socket write for
+                # the batch instead of one per chunk (a lagging API thereby writes less per chunk, not more).
+                frames: list[bytes] = []
+                for event in batch:
+                    if tracker is not None:
+                        tracker.on_event(event)
+                    frames += event_frames(event, renderer)
+                    finished = finished or event.terminal
+                    last_seq = event.seq
+                if finished:
+                    frames.append(DONE)
+                if frames:
+                    yield b"".join(frames)
+    except TimeoutError:
+        # This process is stopping and its grace time is up: the request runs on; tell the client
+        # where to read the rest. The frame has no id, so Last-Event-ID stays the last position sent.
+        handed_off = True
+        yield sse(error_body_of(resume_hint(request_id, last_seq=last_seq))) + DONE
     except RedisError as exc:
         # A resume reads Redis itself: say why the stream ends, and where to pick it up again.
         yield sse(error_body_of(ServiceUnavailableError(f"the output store does not answer ({exc}); resume later")))
     finally:
         state.metrics.open_streams.dec()
-        if not finished:
-            # The client left (or the server is stopping). Sent from a detached task because this
-            # generator is being cancelled.
+        if not finished and not handed_off:
+            # The client left. Sent from a detached task because this generator is being cancelled.
             state.spawn(leave(state, request_id, resumable=resumable))
         await aclose(batches)
 
@@ -142,6 +150,9 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     watcher = asyncio.ensure_future(client_left())
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()  # the caller gave up (the drain deadline): so does the work
+        raise
     finally:
         watcher.cancel()
     if not task.done():

@@ -151,7 +151,8 @@ class JobRunner:
 
         async def lane() -> None:
             for chunk in todo:  # shared by the lanes: each chunk is taken once
-                answer = await self._ask(spec, chunk_messages(spec.instruction, chunk, len(chunks)), in_flight)
+                messages = chunk_messages(spec.instruction, chunk, len(chunks))
+                answer = await self._ask(job_id, spec, messages, in_flight)
                 answers[chunk.index] = answer
                 await self.store.record(job_id, chunk.index, answer, ttl_s=self._progress_ttl_s)
 
@@ -159,7 +160,7 @@ class JobRunner:
             for _ in range(num_lanes):
                 group.create_task(lane())
 
-    async def _ask(self, spec: JobSpec, messages: list[dict[str, str]], in_flight: set[str]) -> Answer:
+    async def _ask(self, job_id: str, spec: JobSpec, messages: list[dict[str, str]], in_flight: set[str]) -> Answer:
         """One background-tier chat request through the intake streams; its answer or its error.
 
         The request id stays in ``in_flight`` unless the request reaches its terminal event, so a
@@ -177,7 +178,11 @@ class JobRunner:
             message = await self.admitter.admit(request)
         except InvalidRequestError as exc:
             return Answer(error_code=exc.code or "invalid_request", error_message=exc.message)
-        stream = self.router.open(message.id)
+
+        async def alive() -> bool:  # a Redis that lost the job lost its requests too
+            return bool(await self.redis.exists(self.keys.job(job_id)))
+
+        stream = self.router.open(message.id, alive=alive)
         in_flight.add(message.id)
         texts: list[str] = []
         answer = Answer(error_code="no_final_event", error_message="the output stream ended without a final event")
@@ -227,7 +232,7 @@ class JobRunner:
             if limit < 1:
                 break
         if fits:
-            answer = await self._ask(spec, reduce_messages(spec.instruction, shown), in_flight)
+            answer = await self._ask(job_id, spec, reduce_messages(spec.instruction, shown), in_flight)
         else:
             answer = Answer(
                 error_code="context_length_exceeded",

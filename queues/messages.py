@@ -112,6 +112,19 @@ class OutputEvent:
         return cls(**raw)
 
 
+def lost_event(request_id: str, seq: int) -> OutputEvent:
+    """The terminal event a reader gives its client when the request is gone from Redis: nothing will
+    ever write its end (Redis restarted without persistence, or the request's records expired)."""
+    return OutputEvent(
+        rid=request_id,
+        seq=seq,
+        type="error",
+        error_code="request_lost",
+        error_message="the request is no longer in Redis (it restarted without persistence, or the "
+        "request expired) and will not finish; send it again",
+    )
+
+
 def dumps_events(events: list[OutputEvent]) -> bytes:
     return orjson.dumps(events)
 

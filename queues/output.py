@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 
 from queues import fencing, scripts
 from queues.keys import Keys
-from queues.messages import OutputEvent
+from queues.messages import OutputEvent, lost_event
 
 EVENT_FIELD = b"e"
 log = logging.getLogger("tailcut.output")
@@ -154,19 +154,23 @@ async def follow_output(
     """The events of ``request_id`` after position ``after_seq``, straight from the durable output
     stream (what a resume reads, on any API process): what is there, then each new batch as it is
     written (XREAD BLOCK on ``redis``, a blocking client), until the terminal event. While nothing
-    arrives, ``alive()`` says whether there is still something to wait for (the request's record)."""
+    arrives, ``alive()`` says whether there is still something to wait for (the request's record);
+    when not, the reply ends with a ``request_lost`` error."""
     key = keys.output(request_id)
     last = stream_id(after_seq) if after_seq > 0 else "0-0"
+    next_seq = after_seq + 1
     while True:
         reply = await redis.xread({key: last}, count=1000, block=block_ms)
         if not reply:
             if alive is not None and not await alive():
+                yield [lost_event(request_id, next_seq)]
                 return
             continue
         rows = reply[0][1]
         events = [OutputEvent.from_dict(orjson.loads(fields[EVENT_FIELD])) for _id, fields in rows]
         last_id = rows[-1][0]
         last = last_id.decode() if isinstance(last_id, bytes) else str(last_id)
+        next_seq = events[-1].seq + 1
         for position, event in enumerate(events):
             if event.terminal:
                 yield events[: position + 1]

@@ -4,20 +4,22 @@ One pub/sub subscription per process (``tc:reply:{api_id}``), made before any re
 each open request registers a ``ReplyStream`` before its intake entry is written. Pub/sub is
 at-most-once, so a stream that sees a sequence gap, or hears nothing for a while, reads the missing
 positions from the durable output stream ``tc:out:{id}``. Every position reaches the client once:
-duplicates (by sequence number) are dropped.
+duplicates (by sequence number) are dropped. A stream that hears nothing and finds nothing new asks
+its ``alive`` check whether the request still exists in Redis; if not (Redis lost it), it ends with a
+``request_lost`` error instead of waiting for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from queues.keys import Keys
-from queues.messages import OutputEvent, loads_events
+from queues.messages import OutputEvent, loads_events, lost_event
 from queues.output import read_output
 from tailcut.errors import ServiceUnavailableError
 from tailcut.logs import log_event
@@ -31,10 +33,18 @@ STOP_WAIT_S = 5.0
 class ReplyStream:
     """The ordered, de-duplicated events of one request."""
 
-    def __init__(self, router: ReplyRouter, request_id: str, *, next_seq: int = 1) -> None:
+    def __init__(
+        self,
+        router: ReplyRouter,
+        request_id: str,
+        *,
+        next_seq: int = 1,
+        alive: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
         self.request_id = request_id
         self.next_seq = next_seq
         self._router = router
+        self._alive = alive
         self._inbox: asyncio.Queue[OutputEvent | None] = asyncio.Queue()
 
     def deliver(self, event: OutputEvent | None) -> None:
@@ -66,12 +76,24 @@ class ReplyStream:
             while not self._inbox.empty():
                 batch.append(self._inbox.get_nowait())
             ordered = await self._order(batch)
+            if first is None and not ordered and not await self._still_there():
+                yield [lost_event(self.request_id, self.next_seq)]
+                return
             for position, event in enumerate(ordered):
                 if event.terminal:
                     yield ordered[: position + 1]
                     return
             if ordered:
                 yield ordered
+
+    async def _still_there(self) -> bool:
+        """Whether the request still exists in Redis (True when that cannot be told)."""
+        if self._alive is None:
+            return True
+        try:
+            return await self._alive()
+        except RedisError:
+            return True
 
     async def _order(self, batch: list[OutputEvent | None]) -> list[OutputEvent]:
         ordered: list[OutputEvent] = []
@@ -135,11 +157,12 @@ class ReplyRouter:
     def num_open(self) -> int:
         return len(self._streams)
 
-    def open(self, request_id: str) -> ReplyStream:
-        """Register a stream; call before the intake entry is written so no event is missed."""
+    def open(self, request_id: str, *, alive: Callable[[], Awaitable[bool]] | None = None) -> ReplyStream:
+        """Register a stream; call before the intake entry is written so no event is missed. ``alive``:
+        whether the request still exists in Redis (asked during silences)."""
         if not self._subscribed.is_set():
             raise ServiceUnavailableError("not subscribed to the reply channel yet (is Redis up?)")
-        stream = ReplyStream(self, request_id)
+        stream = ReplyStream(self, request_id, alive=alive)
         self._streams[request_id] = stream
         return stream
 

@@ -26,23 +26,23 @@ def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, object]:
 
 
 def cmd_api(args: argparse.Namespace) -> None:
-    import uvicorn
-
     from api.app import create_app
     from api.settings import ApiSettings
+    from api.shutdown import ApiServer, server_config
     from jobs.settings import JobsSettings
 
     settings = ApiSettings(**_overrides(args, ["host", "port", "model", "redis_url"]))  # type: ignore[arg-type]
     jobs_settings = JobsSettings(**_overrides(args, ["model", "redis_url"]))  # type: ignore[arg-type]
     logs.configure(settings.log_format)
-    uvicorn.run(
+    config = server_config(
         create_app(settings, jobs_settings=jobs_settings),
         host=settings.host,
         port=settings.port,
+        grace_s=settings.shutdown_grace_s,
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=5,
     )
+    ApiServer(config).run()
 
 
 def cmd_worker(args: argparse.Namespace) -> None:

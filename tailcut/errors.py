@@ -47,6 +47,13 @@ class ServiceUnavailableError(RecoverableError):
     code = "service_unavailable"
 
 
+class ShuttingDownError(ServiceUnavailableError):
+    """This API process is stopping: a new request is refused (retry: another instance takes it), and
+    a reply still running when the grace time ends is handed to the client to resume elsewhere."""
+
+    code = "server_shutting_down"
+
+
 class OverloadedError(RecoverableError):
     """The tier's queue is at its limit: the request was not accepted; retry after ``retry_after_s``."""
 
@@ -61,7 +68,7 @@ class OverloadedError(RecoverableError):
 class DeadlineExceededError(RecoverableError):
     """The request's tier deadline passed before it could start."""
 
-    code = "deadline_exceeded"
+    code = "expired"  # the code of the worker's error event too, streamed or not
 
 
 class RequestNotFoundError(RecoverableError):

@@ -27,13 +27,16 @@ from tailcut.processes import (
     private_redis,
     redis_answers,
     start_child,
-    stop_children,
+    stop_child,
+    stop_together,
     wait_until_ready,
 )
 from tailcut.settings import CommonSettings
 
 READY_TIMEOUT_S = 600.0
-STOP_TIMEOUT_S = 40.0  # above the worker's default drain time (TAILCUT_DRAIN_TIMEOUT_S)
+# Beyond each process's own grace time (the API's TAILCUT_SHUTDOWN_GRACE_S, the workers'
+# TAILCUT_DRAIN_TIMEOUT_S): what it needs to hand back what is left and close.
+STOP_MARGIN_S = 15.0
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 console = Console(stderr=True, highlight=False)
@@ -61,6 +64,18 @@ def _wait_ready(url: str, children: list[Child]) -> None:
             wait_until_ready(f"{url}/readyz", children, timeout_s=READY_TIMEOUT_S, what="the stack", on_answer=show)
         except FatalError as exc:
             raise ConfigError(exc.message) from exc
+
+
+def stop_order(children: list[Child], api_grace_s: float) -> None:
+    from workers.settings import WorkerSettings
+
+    drain_s = WorkerSettings().drain_timeout_s  # what the workers read from the same environment
+    for name in ("api", "jobs"):
+        for child in children:
+            if child.name == name:
+                stop_child(child, timeout_s=api_grace_s + STOP_MARGIN_S, progress=console.log)
+    workers = [child for child in children if child.name not in ("api", "jobs")]
+    stop_together(workers, timeout_s=drain_s + STOP_MARGIN_S, progress=console.log)
 
 
 def up(*, model: str | None, port: int | None, redis_url: str | None, num_workers: int) -> int:
@@ -108,6 +123,7 @@ def up(*, model: str | None, port: int | None, redis_url: str | None, num_worker
             console.print("\nstopping")
             return 0
         finally:
-            # Reverse order: the API stops taking requests first, then the jobs process cancels its
-            # requests and hands its jobs back to the queue, then the workers drain.
-            stop_children(children, timeout_s=STOP_TIMEOUT_S, progress=console.log)
+            # The API stops taking requests first (its open replies finish or are handed to their
+            # clients), then the jobs process cancels its requests and hands its jobs back to the
+            # queue, then the workers drain, all at once.
+            stop_order(children, api_settings.shutdown_grace_s)

@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis.asyncio as aioredis
-import uvicorn
 from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix, result_key_prefix, retry_key_prefix
+from fastapi import FastAPI
 from redis.exceptions import RedisError
 
 from admission.settings import AdmissionSettings
 from api.app import create_app
 from api.settings import ApiSettings
+from api.shutdown import ApiServer, server_config
+from api.state import ApiState
 from jobs.arq_worker import build_worker, close_worker, run_worker
 from jobs.runner import JobRunner
 from jobs.settings import JobsSettings
@@ -39,24 +41,37 @@ def unique_prefix() -> str:
 
 
 @dataclass
+class Api:
+    base_url: str
+    app: FastAPI
+    server: ApiServer
+
+    @property
+    def state(self) -> ApiState:
+        state: ApiState = self.app.state.tailcut
+        return state
+
+
+@dataclass
 class Stack:
     base_url: str
     keys: Keys
     redis: aioredis.Redis
     api_settings: ApiSettings
+    api: Api
     workers: list[Worker] = field(default_factory=list)
 
 
 @contextlib.asynccontextmanager
 async def running_api(
     settings: ApiSettings, model_dir: Path, jobs_settings: JobsSettings | None = None
-) -> AsyncIterator[str]:
-    """Serve the API with uvicorn on a free loopback port; yields its base URL."""
+) -> AsyncIterator[Api]:
+    """Serve the API with uvicorn on a free loopback port, as ``tailcut api`` does."""
     app = create_app(settings, model_dir=model_dir, jobs_settings=jobs_settings or JobsSettings())
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
+    config = server_config(
+        app, host="127.0.0.1", port=0, grace_s=settings.shutdown_grace_s, log_level="warning", lifespan="on"
     )
-    server = uvicorn.Server(config)
+    server = ApiServer(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
@@ -64,7 +79,7 @@ async def running_api(
         await asyncio.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield Api(f"http://127.0.0.1:{port}", app, server)
     finally:
         server.should_exit = True
         await task
@@ -126,12 +141,12 @@ async def running_stack(
     redis = connect(redis_url, timeout_s=1.0)
     try:
         jobs_settings = JobsSettings(redis_url=redis_url, key_prefix=prefix, **(jobs or {}))  # type: ignore[arg-type]
-        async with running_api(api_settings, model_dir, jobs_settings) as base_url:
+        async with running_api(api_settings, model_dir, jobs_settings) as api:
             workers_running = (
                 running_workers(worker_settings, engine, redis_url, prompter=prompter) if engine else _no_workers()
             )
             async with workers_running as workers:
-                yield Stack(base_url, Keys(prefix), redis, api_settings, workers)
+                yield Stack(api.base_url, Keys(prefix), redis, api_settings, api, workers)
     finally:
         with contextlib.suppress(RedisError):  # a test may have killed its Redis
             await _delete_prefix(redis, prefix)

@@ -252,7 +252,12 @@ class WorkerSettings(CommonSettings):
     )
     read_block_ms: int = Field(1000, ge=10, le=60_000, description="Longest blocking XREADGROUP.")
     output_ttl_s: int = Field(3600, ge=10, description="How long a request's output stream is kept.")
-    drain_timeout_s: float = Field(30.0, ge=0, description="On stop, how long running requests may finish.")
+    drain_timeout_s: float = Field(
+        20.0,
+        ge=0,
+        description="On stop, how long running requests may finish before they are handed back "
+        "(inside Kubernetes' default 30 s grace period).",
+    )
     heartbeat_s: float = Field(1.0, gt=0, le=30, description="Worker liveness beat (readiness, claim refresh).")
     reclaim_after_ms: int = Field(
         15_000,

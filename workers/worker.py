@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -40,8 +41,6 @@ from workers.settings import WorkerSettings
 
 log = logging.getLogger("tailcut.worker")
 
-# Worker heartbeats older than this are pruned from the live-worker set.
-STALE_WORKER_S = 60
 SERVED_IDS_KEPT = 10_000
 # The scheduling loop runs at least this often (deadlines, backlog changes) besides on every event.
 SCHEDULE_TICK_S = 0.05
@@ -54,6 +53,10 @@ EVENTS_KEPT = 10_000
 # How often a worker reads the shared circuit breakers.
 BREAKER_REFRESH_S = 1.0
 HELPERS_STOP_S = 5.0
+# On stop, how long requests handed back at the end of the drain may take to write their continuation.
+HAND_BACK_S = 5.0
+# On stop, how long the output writer may try to write what it holds (Redis may be down).
+WRITER_CLOSE_S = 5.0
 
 
 def now_ms() -> int:
@@ -96,6 +99,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._gone = asyncio.Event()  # set once the drain is over: the heartbeat stops
         self._fatal: BaseException | None = None
         self._backlog: dict[tuple[Tier, Bucket], int] = {}
         self._stream_of: dict[str, tuple[Tier, Bucket]] = {
@@ -122,8 +126,10 @@ class Worker:
         return list(self._tasks)
 
     def stop(self) -> None:
-        """Stop reading and admitting; running requests get ``drain_timeout_s`` to finish, waiting
-        ones stay pending in Redis for another worker."""
+        """Stop reading and admitting: waiting requests go back to their intake streams at once, running
+        ones get ``drain_timeout_s`` to finish and are then handed back as continuations (resumed from
+        the output already written, by whichever worker reads them). The heartbeat goes on until then,
+        so nobody takes over what is still running here."""
         self._stopping.set()
         self._wake.set()
         self._room.set()
@@ -138,6 +144,7 @@ class Worker:
             self._budget = BudgetFollower(applied)
             log_event(log, "engine_budget_control", enabled=applied is not None)
         self._writer.start()
+        await self._take_over_own()
         helpers = [
             asyncio.create_task(self._heartbeat(), name="worker-heartbeat"),
             asyncio.create_task(self._listen_for_cancels(), name="worker-cancels"),
@@ -160,15 +167,26 @@ class Worker:
         try:
             await self._schedule_loop()
         finally:
+            # What the reader or the reclaimer takes on while they stop is handed back with the rest.
+            intake_tasks = [task for task in helpers if task.get_name() in ("worker-reader", "worker-reclaim")]
+            await asyncio.wait(intake_tasks, timeout=self._settings.read_block_ms / 1000 + HELPERS_STOP_S)
+            await self._hand_back_waiting()
             await self._drain()
+            self._gone.set()
             for task in reversed(helpers):
                 task.cancel()
-            # Each loop also ends by itself on _stopping: a library that swallows a CancelledError
-            # (seen with redis-py mid-command) must not hang the shutdown.
+            # Each loop also ends by itself on _stopping (_gone): a library that swallows a
+            # CancelledError (seen with redis-py mid-command) must not hang the shutdown.
             _done, stuck = await asyncio.wait(helpers, timeout=HELPERS_STOP_S)
             for task in stuck:
                 log_event(log, "helper_did_not_stop", logging.WARNING, task=task.get_name())
-            await self._writer.close()
+            try:
+                async with asyncio.timeout(WRITER_CLOSE_S):
+                    await self._writer.close()
+            except TimeoutError:
+                # Redis does not answer. Nothing unwritten was acknowledged: whoever takes the entries
+                # over resumes them from what is in Redis.
+                log_event(log, "output_not_written_at_stop", logging.WARNING, worker=self.worker_id)
             await self.breakers.close()
             with contextlib.suppress(RedisError):
                 # Gone, not merely late: whatever it left pending is taken over at once.
@@ -504,7 +522,7 @@ class Worker:
                     continue  # its engine call has not produced a token yet: a prefill, not a stall
                 gap_ms = (now - last) * 1000
                 if degrade.is_late(life.message.tier, gap_ms, life.remaining_tokens):
-                    self._degrading[request_id] = int(gap_ms)
+                    self._degrading[request_id] = math.ceil(gap_ms)  # over the limit, also when rounded
                     task.cancel()
             wall_ms = now_ms()
             for request in list(self.scheduler.waiting()):
@@ -594,14 +612,50 @@ class Worker:
             run_ms=now_ms() - started_ms,
         )
 
+    async def _hand_back_waiting(self) -> None:
+        """On stop: every entry waiting here (read, not started) goes back to the end of its intake
+        stream, atomically with its acknowledgement, for another worker to read at once."""
+        handed = 0
+        for request in list(self.scheduler.waiting()):
+            entry = self._entries.get(request.id)
+            if entry is None or self.scheduler.remove(request.id) is None:
+                continue
+            try:
+                # As it is: a fresh request stays fresh (its last output time, if any, is unchanged).
+                await self._writer.flush()
+                if await intake.requeue(self._redis, self._keys, entry, entry.message) is not None:
+                    handed += 1
+            except RedisError as exc:
+                # Left pending on this worker: taken over once its heartbeat stops.
+                log_event(log, "hand_back_failed", logging.WARNING, rid=request.id, error=str(exc))
+            if self._entries.get(request.id) is entry:
+                del self._entries[request.id]
+        if handed:
+            log_event(log, "requests_handed_back", worker=self.worker_id, waiting=handed)
+
     async def _drain(self) -> None:
+        """Let running requests finish for ``drain_timeout_s``; hand back the rest as continuations."""
         if not self._tasks:
             return
-        tasks = list(self._tasks.values())
-        _done, pending = await asyncio.wait(tasks, timeout=self._settings.drain_timeout_s)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        _done, pending = await asyncio.wait(list(self._tasks.values()), timeout=self._settings.drain_timeout_s)
+        if not pending:
+            return
+        running = list(self._tasks)
+        for request_id in running:
+            self.preempt(request_id)
+        log_event(log, "requests_handed_back", worker=self.worker_id, running=len(running))
+        _done, stuck = await asyncio.wait(pending, timeout=HAND_BACK_S)
+        # Redis does not answer: what could not be handed back stays pending in Redis, taken over once
+        # the heartbeat stops. A task waiting on Redis ends after a few cancellations (each ends one
+        # wait: the requeue, then the final flush), never by waiting.
+        for _attempt in range(4):
+            if not stuck:
+                break
+            for task in stuck:
+                task.cancel()
+            _done, stuck = await asyncio.wait(stuck, timeout=1.0)
+        if stuck:
+            log_event(log, "requests_not_handed_back", logging.WARNING, worker=self.worker_id, tasks=len(stuck))
 
     # --- helpers loops ------------------------------------------------------------------------
 
@@ -612,15 +666,13 @@ class Worker:
                 await self._stopping.wait()
 
     async def _heartbeat(self) -> None:
+        """Beat until the drain is over (not merely until stop: what still runs here is ours)."""
         beat_s = self._settings.heartbeat_s
         failing = False
-        while not self._stopping.is_set():
+        while not self._gone.is_set():
             try:
                 now = time.time()
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    pipe.zadd(self._keys.workers, {self.worker_id: now + WORKER_ALIVE_BEATS * beat_s})
-                    pipe.zremrangebyscore(self._keys.workers, 0, now - STALE_WORKER_S)
-                    await pipe.execute()
+                await self._redis.zadd(self._keys.workers, {self.worker_id: now + WORKER_ALIVE_BEATS * beat_s})
                 held = list(self._entries.values())
                 for request_id in await intake.keep_claimed(self._redis, self._keys, self.worker_id, held):
                     self._fenced_out(request_id, next(e.fence for e in held if e.message.id == request_id))
@@ -632,7 +684,9 @@ class Worker:
             except RedisError as exc:
                 failing = True
                 log_event(log, "heartbeat_failed", logging.WARNING, error=str(exc))
-            await self._pause(beat_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(beat_s):
+                    await self._gone.wait()
 
     async def _probe_backlog(self) -> None:
         streams = list(self._stream_of)
@@ -645,17 +699,20 @@ class Worker:
             await self._pause(BACKLOG_PROBE_S)
 
     async def _listen_for_cancels(self) -> None:
-        while not self._stopping.is_set():
+        """Until the drain is over: a client may still cancel what runs here."""
+        while not self._gone.is_set():
             try:
                 async with self._blocking.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(self._keys.cancel_channel)
-                    while not self._stopping.is_set():
+                    while not self._gone.is_set():
                         message = await pubsub.get_message(timeout=1.0)
                         if message is not None:
                             await self.cancel(message["data"].decode())
             except RedisError as exc:
                 log_event(log, "cancel_listener_reconnect", logging.WARNING, error=str(exc))
-                await self._pause(0.5)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        await self._gone.wait()
 
     def preempt(self, request_id: str) -> bool:
         """Preempt a running request now (what a scheduler decision does): it is aborted in the
@@ -703,6 +760,17 @@ class Worker:
                     await self.reclaim_once()
             except RedisError as exc:
                 log_event(log, "reclaim_failed", logging.WARNING, error=str(exc))
+
+    async def _take_over_own(self) -> None:
+        """At start: entries still pending under this worker's id were held by an earlier process with
+        the same id (a restarted pod with a stable name) that died; resume them here."""
+        for stream in self._stream_of:
+            entries = await intake.take_over(
+                self._redis, self._keys, self.worker_id, self.worker_id, stream, min_idle_ms=0, count=1000
+            )
+            await intake.fence(self._redis, self._keys, entries)
+            for entry in entries:
+                await self._take_over(entry, dead_worker=self.worker_id)
 
     async def take_over_dead(self) -> int:
         """Claim every entry pending on a worker whose heartbeat vouches for it no longer; returns how
