@@ -297,3 +297,31 @@ async def wait_for_worker(
         assert process.returncode is None, f"the worker process exited with status {process.returncode} during start"
         assert time.monotonic() < deadline, f"the worker process was not serving after {timeout_s:.0f} s"
         await asyncio.sleep(0.2)
+
+
+async def test_a_worker_restarted_under_the_same_id_resumes_what_its_former_process_left_pending(
+    redis_url: str, engine: VllmEngine, setup: tuple[aioredis.Redis, Keys, ReplyRouter]
+) -> None:
+    """A stable worker id (a pod that restarts under its name): the new process is alive under the
+    name the dead one held its entries with, so no one would see a death; it takes them back at start
+    (not after the idle reclaim time, 15 s by default) and resumes from the output already written."""
+    redis, keys, router = setup
+    prompt_ids = list(range(12, 44))
+    expected = await reference_ids(engine, prompt_ids, 40, "reference-same-id")
+    message = message_for(prompt_ids, 40)
+    reply = router.open(message.id)
+    await intake.enqueue(redis, keys, message)
+    (entry,) = await intake.read(redis, keys, "pod-0", [keys.intake("normal", "short")], count=1, block_ms=None)
+    writer = OutputWriter(redis, keys, ttl_s=60)
+    writer.start()
+    writer.emit(API_ID, OutputEvent(rid=message.id, seq=1, type="chunk", token_ids=expected[:7]))
+    await writer.close()
+
+    restarted = WorkerSettings(redis_url=redis_url, key_prefix=keys.prefix, worker_id="pod-0", read_block_ms=100)
+    async with running_workers([restarted], engine, redis_url):
+        async with asyncio.timeout(5):
+            events = [event async for event in reply.events()]
+    reply.close()
+    assert [token for event in events for token in event.token_ids] == expected
+    assert [event.seq for event in events] == list(range(1, len(events) + 1))
+    assert (await redis.xpending(entry.stream, WORKER_GROUP))["pending"] == 0
