@@ -22,7 +22,7 @@ import httpx
 from bench.chaos_client import Spec, StreamTrace, read_events, run_request, send_poison
 from bench.chaos_stack import ChaosStack
 
-FAULTS = ("kill_worker", "pause_engine", "restart_redis")
+FAULTS = ("kill_worker", "pause_engine", "restart_redis", "stop_worker")
 ENGINE_PAUSE_S = 1.5
 # The longest a request may take, resumes included, before it counts as lost.
 REQUEST_LIMIT_S = 180.0
@@ -58,7 +58,7 @@ class Fault:
     at_s: float  # from the start of the load
     at: float  # time.monotonic()
     detail: str = ""
-    # A killed worker: the longest wait from the kill to the next token of a stream in flight then.
+    # A killed or stopped worker: the longest wait from the signal to the next token of a stream in flight then.
     next_token_s: float | None = None
 
 
@@ -132,6 +132,13 @@ async def fault_loop(stack: ChaosStack, config: ChaosConfig, started: float, unt
             fault = Fault(kind, time.monotonic() - started, time.monotonic())
             await asyncio.to_thread(stack.kill_worker, victim)
             fault.detail = f"{victim} SIGKILLed; {stack.start_worker()} started in its place"
+        elif kind == "stop_worker":
+            # A graceful stop (a rolling restart): SIGTERM, the drain, the hand-back, a replacement.
+            await asyncio.to_thread(stack.wait_workers, len(stack.workers))
+            victim = await asyncio.to_thread(stack.busiest_worker)
+            fault = Fault(kind, time.monotonic() - started, time.monotonic())
+            took = await asyncio.to_thread(stack.stop_worker, victim)
+            fault.detail = f"{victim} SIGTERMed, gone after {took:.1f} s; {stack.start_worker()} started in its place"
         elif kind == "pause_engine":
             await asyncio.to_thread(stack.wait_workers, len(stack.workers))
             victim = await asyncio.to_thread(stack.busiest_worker)
@@ -210,7 +217,7 @@ async def run(config: ChaosConfig, model_dir: Path, log_dir: Path, progress: Pro
             progress("waiting for the batch job")
             job_view = await wait_for_job(client, job_id)
         for fault in faults:
-            if fault.kind == "kill_worker":
+            if fault.kind in ("kill_worker", "stop_worker"):
                 fault.next_token_s = next_token_after(fault, traces)
         return ChaosResult(config, ready_s, traces, references, faults, poison, job_view, load_s)
     finally:

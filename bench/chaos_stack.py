@@ -163,6 +163,13 @@ class ChaosStack:
             time.sleep(0.1)
         stop_child(child, timeout_s=1)  # sweeps its process group, whatever is left
 
+    def stop_worker(self, name: str) -> float:
+        """SIGTERM the worker and wait for it to drain and exit; seconds it took."""
+        child = self.workers.pop(name)
+        started = time.monotonic()
+        stop_child(child, timeout_s=60)
+        return time.monotonic() - started
+
     def engine_pid(self, name: str) -> int | None:
         """The EngineCore process of a worker."""
         cores = [pid for pid, row in descendants(self.workers[name].pid).items() if "EngineCore" in row[2]]
