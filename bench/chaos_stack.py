@@ -125,7 +125,7 @@ class ChaosStack:
     def start_worker(self) -> str:
         name = f"worker-{self._next_worker}"
         self._next_worker += 1
-        env = self._env(TAILCUT_WORKER_ID=f"chaos-{name}")
+        env = self._env(TAILCUT_WORKER_ID=f"chaos-{name}", TAILCUT_METRICS_PORT=str(free_port()))
         command = [sys.executable, "-m", "tailcut", "worker"]
         self.workers[name] = start_child(name, command, env, log_path=self.log_dir / f"{name}.log")
         return name

@@ -66,6 +66,13 @@ def _wait_ready(url: str, children: list[Child]) -> None:
             raise ConfigError(exc.message) from exc
 
 
+def worker_metrics_port() -> int:
+    """The first worker's /metrics port, from the same environment the workers read (0: none)."""
+    from workers.settings import WorkerSettings
+
+    return WorkerSettings().metrics_port
+
+
 def stop_order(children: list[Child], api_grace_s: float) -> None:
     from workers.settings import WorkerSettings
 
@@ -97,8 +104,10 @@ def up(*, model: str | None, port: int | None, redis_url: str | None, num_worker
         children: list[Child] = []
         try:
             command = [sys.executable, "-m", "tailcut"]
+            metrics_port = worker_metrics_port()
             for index in range(num_workers):
-                children.append(start_child(f"worker {index + 1}", [*command, "worker"], env))
+                worker_env = {**env, "TAILCUT_METRICS_PORT": str(metrics_port + index if metrics_port else 0)}
+                children.append(start_child(f"worker {index + 1}", [*command, "worker"], worker_env))
             children.append(start_child("jobs", [*command, "jobs"], env))
             api_env = {**env, "TAILCUT_PORT": str(listen_port), "TAILCUT_HOST": api_settings.host}
             children.append(start_child("api", [*command, "api"], api_env))

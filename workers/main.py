@@ -11,6 +11,8 @@ from queues.connection import check_redis, connect, connect_blocking
 from tailcut.logs import log_event
 from tailcut.models import resolve_model
 from workers.engines.factory import start_engine
+from workers.gpu_memory import GpuMemoryMonitor, LeakDetector, nvml_reader
+from workers.metrics import serve_metrics, worker_registry
 from workers.prompter import Prompter
 from workers.settings import WorkerSettings
 from workers.worker import Worker
@@ -27,6 +29,20 @@ async def serve(settings: WorkerSettings) -> None:
     await check_redis(redis)
     engine = start_engine(settings.engine, model_dir, settings.max_model_len)
     worker = Worker(settings, engine, redis, blocking, prompter=Prompter.load(model_dir))
+    registry = worker_registry(worker)
+    if settings.metrics_port:
+        serve_metrics(registry, host=settings.metrics_host, port=settings.metrics_port)
+    # GPU memory every second (absent on CPU: one log line says why); a leak is memory growing while
+    # the number of running requests stays the same.
+    gpu = GpuMemoryMonitor(
+        nvml_reader(),
+        registry=registry,
+        log_path=settings.gpu_memory_log,
+        detector=LeakDetector(),
+        load=lambda: float(len(worker.running_ids)),
+        on_warning=worker.report_event,
+    )
+    gpu.start()
     # What start-up loaded lives as long as the process: keep the collector from walking it again
     # and again while requests allocate (the API does the same).
     gc.freeze()
@@ -36,6 +52,7 @@ async def serve(settings: WorkerSettings) -> None:
     try:
         await worker.run()
     finally:
+        await gpu.stop()
         await engine.shutdown()
         await blocking.aclose()
         await redis.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -259,6 +260,17 @@ class WorkerSettings(CommonSettings):
         "(inside Kubernetes' default 30 s grace period).",
     )
     heartbeat_s: float = Field(1.0, gt=0, le=30, description="Worker liveness beat (readiness, claim refresh).")
+    gpu_memory_log: Path | None = Field(
+        None, description="Append `epoch_seconds,used_MiB` lines of each GPU's memory, every second, to this file."
+    )
+    metrics_host: str = Field("127.0.0.1", description="Address the worker's Prometheus `/metrics` binds.")
+    metrics_port: int = Field(
+        9400,
+        ge=0,
+        le=65535,
+        description="Port of the worker's Prometheus `/metrics` (0: not served); each worker on a host needs "
+        "its own (`tailcut up` gives worker N port 9400 + N - 1).",
+    )
     reclaim_after_ms: int = Field(
         15_000,
         ge=0,

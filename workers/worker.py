@@ -16,7 +16,7 @@ import contextlib
 import logging
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
@@ -116,6 +116,7 @@ class Worker:
         self.num_degraded = 0
         self.num_yielded = 0
         self.num_engine_calls = 0
+        self.outcomes: Counter[str] = Counter()  # deliveries ended, by outcome
 
     @property
     def worker_id(self) -> str:
@@ -124,6 +125,30 @@ class Worker:
     @property
     def running_ids(self) -> list[str]:
         return list(self._tasks)
+
+    @property
+    def token_budget(self) -> int | None:
+        """The engine's per-step token budget in force (None: not steered, or not known yet)."""
+        return self._budget.applied
+
+    @property
+    def step_ms(self) -> float:
+        return self._step.value_ms
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self._engine.kv_capacity_tokens
+
+    def requests_by_tier(self) -> dict[Tier, tuple[int, int]]:
+        """(running, waiting here) per tier."""
+        counts = {tier: [0, 0] for tier in TIERS}
+        for request_id in self._tasks:
+            entry = self._entries.get(request_id)
+            if entry is not None:
+                counts[entry.message.tier][0] += 1
+        for request in self.scheduler.waiting():
+            counts[request.tier][1] += 1
+        return {tier: (running, waiting) for tier, (running, waiting) in counts.items()}
 
     def stop(self) -> None:
         """Stop reading and admitting: waiting requests go back to their intake streams at once, running
@@ -497,6 +522,12 @@ class Worker:
                 log_event(log, "breaker_refresh_failed", logging.WARNING, error=str(exc))
             await self._pause(BREAKER_REFRESH_S)
 
+    async def report_event(self, event: dict[str, object]) -> None:
+        """An event from a helper of this process (the GPU memory monitor) onto ``tc:events``."""
+        fields = {key: value if isinstance(value, int | str) else str(value) for key, value in event.items()}
+        kind = str(fields.pop("type", "event"))
+        await self._event(kind, **fields)
+
     async def _event(self, kind: str, **fields: str | int) -> None:
         """One entry on the operators' event stream ``tc:events`` (best effort)."""
         entry: dict[FieldT, EncodableT] = {"type": kind, "worker": self.worker_id, "at_ms": now_ms()}
@@ -601,6 +632,7 @@ class Worker:
             self._room.set()
             if outcome not in ("yielded", "preempted", "abandoned", "fenced"):
                 self.served_ids.append(message.id)
+            self.outcomes[outcome] += 1
         log_event(
             log,
             "request_" + outcome,

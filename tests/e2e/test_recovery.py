@@ -266,6 +266,7 @@ async def start_worker_process(
         "TAILCUT_WORKER_ID": worker_id,
         "TAILCUT_ENGINE__KV_CACHE_MEMORY_BYTES": str(TEST_KV_CACHE_BYTES),
         "TAILCUT_ENGINE__MAX_NUM_SEQS": "8",
+        "TAILCUT_METRICS_PORT": "0",
         # Compared with greedy references: no summary fallback (see tests.stack.running_workers).
         "TAILCUT_DEGRADE__REALTIME_HEARTBEAT_MS": "0",
         "TAILCUT_DEGRADE__NORMAL_HEARTBEAT_MS": "0",

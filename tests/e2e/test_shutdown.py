@@ -238,6 +238,7 @@ class ProcessStack:
     prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:10]}:")
     redis_port: int = field(default_factory=free_port)
     api_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
     children: list[Child] = field(default_factory=list)
     life: int = 0
 
@@ -277,6 +278,7 @@ class ProcessStack:
             "TAILCUT_MODEL": str(self.model),
             "TAILCUT_MAX_MODEL_LEN": str(TEST_MAX_MODEL_LEN),
             "TAILCUT_PORT": str(self.api_port),
+            "TAILCUT_METRICS_PORT": str(self.metrics_port),
             "TAILCUT_HOST": "127.0.0.1",
             "TAILCUT_ENGINE__KV_CACHE_MEMORY_BYTES": str(TEST_KV_CACHE_BYTES),
             "TAILCUT_ENGINE__MAX_NUM_SEQS": "8",
@@ -352,6 +354,11 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
                     assert response.status_code == 200
                     await read_reply(response, replies[index])
 
+            # The worker process serves its own /metrics, vLLM's families included; with no GPU it says
+            # so in one line and runs.
+            metrics = (await client.get(f"http://127.0.0.1:{stack.metrics_port}/metrics")).text
+            assert "tailcut_worker_running_requests{" in metrics and "vllm:kv_cache_usage_perc" in metrics
+            assert (tmp_path / "worker-1.log").read_text().count("gpu_memory_unavailable") == 1
             created = await client.post("/v1/jobs", json=job)
             assert created.status_code == 202, created.text
             tasks = [asyncio.create_task(stream(index)) for index in range(4)]

@@ -1,0 +1,132 @@
+"""Prometheus metrics of one worker process, read from the worker's own state at scrape time.
+
+Nothing here runs per token: the collector reads the counters the worker keeps anyway (preemptions,
+yields, engine calls, degradations, outcomes) and its live state (running and waiting requests per
+tier, the token budget in force, the step time, the breakers) when Prometheus asks. vLLM's own
+metrics of the engine in this process (KV-cache usage, prefix-cache queries and hits, its latencies)
+are re-exported under their ``vllm:`` names from prometheus-client's default registry, where vLLM
+registers them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from queues.breakers import STATE_VALUES
+from queues.keys import TIERS
+from tailcut.logs import log_event
+
+if TYPE_CHECKING:
+    from workers.worker import Worker
+
+log = logging.getLogger("tailcut.worker")
+VLLM_PREFIX = "vllm:"
+
+
+class WorkerCollector(Collector):
+    """The ``tailcut_worker_*`` families of one worker (and its view of the shared breakers)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+
+    def collect(self) -> Iterator[Metric]:
+        worker = self._worker
+        labels = {"worker": worker.worker_id}
+        names, values = list(labels), list(labels.values())
+
+        def gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, text, labels=names)
+            family.add_metric(values, value)
+            return family
+
+        def counter(name: str, text: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, text, labels=names)
+            family.add_metric(values, value)
+            return family
+
+        running = GaugeMetricFamily(
+            "tailcut_worker_running_requests", "Requests in the engine now.", labels=[*names, "tier"]
+        )
+        waiting = GaugeMetricFamily(
+            "tailcut_worker_waiting_requests",
+            "Requests read from Redis, waiting in this worker's queue.",
+            labels=[*names, "tier"],
+        )
+        by_tier = worker.requests_by_tier()
+        for tier in TIERS:
+            num_running, num_waiting = by_tier[tier]
+            running.add_metric([*values, tier], num_running)
+            waiting.add_metric([*values, tier], num_waiting)
+        yield running
+        yield waiting
+        budget = worker.token_budget
+        if budget is not None:
+            yield gauge("tailcut_worker_token_budget_tokens", "The engine's per-step token budget in force.", budget)
+        yield gauge(
+            "tailcut_worker_step_seconds", "Smoothed time of one engine step (decode iteration).", worker.step_ms / 1000
+        )
+        yield gauge(
+            "tailcut_worker_kv_capacity_tokens", "Tokens the engine's KV cache holds.", worker.kv_capacity_tokens
+        )
+        yield counter("tailcut_worker_preemptions_total", "Running requests preempted.", worker.num_preempted)
+        yield counter(
+            "tailcut_worker_yields_total", "Slices that ended by handing the rest back to Redis.", worker.num_yielded
+        )
+        yield counter(
+            "tailcut_worker_engine_calls_total", "Engine calls (slices, summaries) started.", worker.num_engine_calls
+        )
+        yield counter("tailcut_worker_degradations_total", "Replies degraded (summaries, caps).", worker.num_degraded)
+        outcomes = CounterMetricFamily(
+            "tailcut_worker_requests_total", "Deliveries this worker ended, by outcome.", labels=[*names, "outcome"]
+        )
+        for outcome, count in sorted(worker.outcomes.items()):
+            outcomes.add_metric([*values, outcome], count)
+        yield outcomes
+        breakers = GaugeMetricFamily(
+            "tailcut_breaker_state",
+            "Circuit breaker of each SLO tier as this worker last read it: 0 closed, 1 half-open, 2 open.",
+            labels=[*names, "tier"],
+        )
+        for tier, view in sorted(worker.breakers.views.items()):
+            breakers.add_metric([*values, tier], STATE_VALUES[view.state])
+        yield breakers
+
+
+class VllmCollector(Collector):
+    """vLLM's metrics from the default registry (where vLLM registers them), under their own names."""
+
+    def __init__(self, source: CollectorRegistry = REGISTRY) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._source.collect():
+            if family.name.startswith(VLLM_PREFIX):
+                yield family
+
+
+def worker_registry(worker: Worker) -> CollectorRegistry:
+    """What a worker process serves on ``/metrics``: its own families and vLLM's."""
+    registry = CollectorRegistry()
+    registry.register(WorkerCollector(worker))
+    registry.register(VllmCollector())
+    return registry
+
+
+def serve_metrics(registry: CollectorRegistry, *, host: str, port: int) -> WSGIServer | None:
+    """Serve ``registry`` on ``http://host:port/metrics`` from a thread (``shutdown()`` stops it); None,
+    and one log line, when the port cannot be bound: the worker serves requests all the same."""
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        log_event(log, "metrics_not_served", logging.ERROR, port=port, error=str(exc))
+        return None
+    log_event(log, "metrics_served", url=f"http://{host}:{server.server_port}/metrics")
+    return server
