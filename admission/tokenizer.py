@@ -22,6 +22,11 @@ class PromptTokenizer:
         self.eos_token_id: int | None = self._tokenizer.eos_token_id
 
     @property
+    def pool(self) -> ThreadPoolExecutor:
+        """The threads that tokenize (watched for a growing queue)."""
+        return self._pool
+
+    @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self._tokenizer, "chat_template", None))
 

@@ -14,17 +14,19 @@ from admission.admitter import Admitter
 from admission.request import ServedModel
 from admission.shedding import Backlog
 from admission.tokenizer import PromptTokenizer
-from api import errors, health, jobs_routes, openai_routes, replay
+from api import debug, errors, health, jobs_routes, openai_routes, replay
 from api.settings import ApiSettings
 from api.shutdown import Drain
 from api.state import ApiState
 from jobs.settings import JobsSettings
+from queues import events
 from queues.connection import check_redis, connect, connect_blocking
 from queues.jobs import connect_arq
 from queues.keys import Keys
 from queues.replies import ReplyRouter
 from tailcut.errors import ServiceUnavailableError
 from tailcut.logs import log_event
+from tailcut.loopwatch import LoopWatch
 from tailcut.models import resolve_model
 
 log = logging.getLogger("tailcut.api")
@@ -71,6 +73,15 @@ def create_app(
             drain=Drain(settings.shutdown_grace_s),
         )
         app.state.tailcut = state
+
+        async def report(event: dict[str, object]) -> None:
+            await events.publish(redis, keys, event, source={"api": settings.api_id})
+
+        loop_watch = LoopWatch(
+            state.metrics.registry, process="api", warn_after_s=settings.loop_lag_warn_ms / 1000, on_warning=report
+        )
+        loop_watch.watch_pool("tokenizer", tokenizer.pool)
+        loop_watch.start()
         # Everything loaded at start-up (the tokenizer, transformers, FastAPI's routes) lives as long as the
         # process: move it out of the collector's generations, or every full collection walks it again while
         # thousands of events per second allocate.
@@ -79,6 +90,7 @@ def create_app(
         try:
             yield
         finally:
+            await loop_watch.stop()
             await state.wait_background()
             await backlog.stop()
             await arq.aclose(close_connection_pool=True)
@@ -94,4 +106,5 @@ def create_app(
     app.include_router(openai_routes.router)
     app.include_router(jobs_routes.router)
     app.include_router(replay.router)
+    app.include_router(debug.router)
     return app

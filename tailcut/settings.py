@@ -40,6 +40,9 @@ class CommonSettings(BaseSettings):
         0.5, gt=0, le=10, description="Connect and command timeout for non-blocking Redis calls."
     )
     log_format: str = Field("text", pattern="^(text|json)$", description="`json`: one object per line.")
+    loop_lag_warn_ms: int = Field(
+        100, ge=1, description="Event-loop lag that makes a process warn (a log line and a `tc:events` entry)."
+    )
 
     @field_validator("key_prefix")
     @classmethod

@@ -9,6 +9,7 @@ import signal
 
 from queues.connection import check_redis, connect, connect_blocking
 from tailcut.logs import log_event
+from tailcut.loopwatch import LoopWatch, dump_stacks
 from tailcut.models import resolve_model
 from workers.engines.factory import start_engine
 from workers.gpu_memory import GpuMemoryMonitor, LeakDetector, nvml_reader
@@ -43,15 +44,22 @@ async def serve(settings: WorkerSettings) -> None:
         on_warning=worker.report_event,
     )
     gpu.start()
+    loop_watch = LoopWatch(
+        registry, process="worker", warn_after_s=settings.loop_lag_warn_ms / 1000, on_warning=worker.report_event
+    )
+    loop_watch.start()
     # What start-up loaded lives as long as the process: keep the collector from walking it again
     # and again while requests allocate (the API does the same).
     gc.freeze()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, worker.stop)
+    # `kill -USR1 <pid>`: every task's and thread's stack into the log (the API has GET /debug/stacks).
+    loop.add_signal_handler(signal.SIGUSR1, lambda: log_event(log, "stacks", stacks="\n" + dump_stacks()))
     try:
         await worker.run()
     finally:
+        await loop_watch.stop()
         await gpu.stop()
         await engine.shutdown()
         await blocking.aclose()

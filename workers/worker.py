@@ -21,9 +21,8 @@ from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
-from redis.typing import EncodableT, FieldT
 
-from queues import intake
+from queues import events, intake
 from queues.intake import IntakeEntry
 from queues.keys import BUCKETS, TIERS, WORKER_ALIVE_BEATS, WORKER_GROUP, Bucket, Keys, Tier
 from queues.messages import OutputEvent, RequestMessage
@@ -48,8 +47,6 @@ SCHEDULE_TICK_S = 0.05
 # room an admission frees is used within it rather than after a whole read_block_ms.
 BLOCK_WHILE_FULL_MS = 20
 BACKLOG_PROBE_S = 0.1
-# The operators' event stream keeps about this many entries.
-EVENTS_KEPT = 10_000
 # How often a worker reads the shared circuit breakers.
 BREAKER_REFRESH_S = 1.0
 HELPERS_STOP_S = 5.0
@@ -523,19 +520,12 @@ class Worker:
             await self._pause(BREAKER_REFRESH_S)
 
     async def report_event(self, event: dict[str, object]) -> None:
-        """An event from a helper of this process (the GPU memory monitor) onto ``tc:events``."""
-        fields = {key: value if isinstance(value, int | str) else str(value) for key, value in event.items()}
-        kind = str(fields.pop("type", "event"))
-        await self._event(kind, **fields)
+        """An event of this worker (or of a helper of its process: the GPU memory monitor, the loop
+        watch) onto the operators' stream ``tc:events`` (best effort)."""
+        await events.publish(self._redis, self._keys, event, source={"worker": self.worker_id})
 
     async def _event(self, kind: str, **fields: str | int) -> None:
-        """One entry on the operators' event stream ``tc:events`` (best effort)."""
-        entry: dict[FieldT, EncodableT] = {"type": kind, "worker": self.worker_id, "at_ms": now_ms()}
-        entry.update(fields)
-        try:
-            await self._redis.xadd(self._keys.events, entry, maxlen=EVENTS_KEPT, approximate=True)
-        except RedisError as exc:
-            log_event(log, "event_write_failed", logging.WARNING, kind=kind, error=str(exc))
+        await self.report_event({"type": kind, **fields})
 
     async def _watch_heartbeats(self) -> None:
         """The degrade watchdog: a request in decode silent past its tier's limit finishes with a summary;

@@ -358,7 +358,11 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
             # so in one line and runs.
             metrics = (await client.get(f"http://127.0.0.1:{stack.metrics_port}/metrics")).text
             assert "tailcut_worker_running_requests{" in metrics and "vllm:kv_cache_usage_perc" in metrics
+            assert 'tailcut_event_loop_lag_seconds_count{process="worker"}' in metrics
             assert (tmp_path / "worker-1.log").read_text().count("gpu_memory_unavailable") == 1
+            worker = next(child for child in stack.children if child.name == "worker")
+            worker.process.send_signal(signal.SIGUSR1)  # its stacks, into its log
+            await until(lambda: "worker-reader" in (tmp_path / "worker-1.log").read_text(), "no stack dump", 10)
             created = await client.post("/v1/jobs", json=job)
             assert created.status_code == 202, created.text
             tasks = [asyncio.create_task(stream(index)) for index in range(4)]
