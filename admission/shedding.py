@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from queues import intake
-from queues.keys import BUCKETS, TIERS, Keys, Tier
+from queues.keys import BUCKETS, TIERS, Bucket, Keys, Tier
 from tailcut.logs import log_event
 
 log = logging.getLogger("tailcut.admission")
@@ -82,6 +82,8 @@ class Backlog:
         self._streams = {tier: [keys.intake(tier, bucket) for bucket in BUCKETS] for tier in TIERS}
         self._interval_s = interval_s
         self._probed: dict[Tier, int] = dict.fromkeys(TIERS, 0)
+        # The last probe per (tier, bucket): entries no worker has read yet.
+        self.depth: dict[tuple[Tier, Bucket], int] = {(tier, bucket): 0 for tier in TIERS for bucket in BUCKETS}
         self._admitted: dict[Tier, int] = dict.fromkeys(TIERS, 0)
         # Requests per second the workers read from each tier's streams (smoothed).
         self._drain_rps: dict[Tier, float] = dict.fromkeys(TIERS, 0.0)
@@ -112,6 +114,8 @@ class Backlog:
         now = time.monotonic()
         elapsed = now - self._probed_at if self._probed_at is not None else 0.0
         for tier, streams in self._streams.items():
+            for bucket, stream in zip(BUCKETS, streams, strict=True):
+                self.depth[tier, bucket] = lags.get(stream, 0)
             lag = sum(lags.get(stream, 0) for stream in streams)
             if elapsed > 0:
                 # Read by workers since the last probe: what was there, plus what came, minus what is left.

@@ -73,6 +73,7 @@ def create_app(
             drain=Drain(settings.shutdown_grace_s),
         )
         app.state.tailcut = state
+        state.metrics.watch_queues(backlog)
 
         async def report(event: dict[str, object]) -> None:
             await events.publish(redis, keys, event, source={"api": settings.api_id})

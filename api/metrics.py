@@ -8,12 +8,18 @@ is recorded when the real length is known.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from admission.admitter import Admitter
+from admission.shedding import Backlog
 from queues.messages import OutputEvent, RequestMessage
 
+GAP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 LATENCY_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
 TOKEN_ERROR_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
@@ -42,15 +48,22 @@ class ApiMetrics:
         self.ttft = Histogram(
             "tailcut_ttft_seconds",
             "Admission to first content chunk.",
-            ["tier"],
+            ["tier", "bucket"],
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
         self.e2e = Histogram(
             "tailcut_e2e_seconds",
             "Admission to terminal event.",
-            ["tier"],
+            ["tier", "bucket"],
             buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.chunk_gap = Histogram(
+            "tailcut_inter_chunk_gap_seconds",
+            "Time between two content chunks of one reply reaching this process.",
+            ["tier", "bucket"],
+            buckets=GAP_BUCKETS_S,
             registry=self.registry,
         )
         self.prediction_error = Histogram(
@@ -77,6 +90,10 @@ class ApiMetrics:
             "tailcut_open_streams", "Requests this process is waiting on.", registry=self.registry
         )
 
+    def watch_queues(self, backlog: Backlog) -> None:
+        """Export the intake streams' depth per tier and bucket, as the backlog probe last read it."""
+        self.registry.register(QueueDepthCollector(backlog))
+
     def track(self, message: RequestMessage, admitter: Admitter) -> RequestTracker:
         self.admitted.labels(message.tier, message.bucket).inc()
         return RequestTracker(self, message, admitter)
@@ -90,15 +107,19 @@ class RequestTracker:
         self._message = message
         self._admitter = admitter
         self._started = time.monotonic()
-        self._first_chunk = False
+        self._last_chunk: float | None = None
 
     def on_event(self, event: OutputEvent) -> None:
-        tier = self._message.tier
-        if event.type == "chunk" and not self._first_chunk:
-            self._first_chunk = True
-            self._metrics.ttft.labels(tier).observe(time.monotonic() - self._started)
+        tier, bucket = self._message.tier, self._message.bucket
+        if event.type == "chunk":
+            now = time.monotonic()
+            if self._last_chunk is None:
+                self._metrics.ttft.labels(tier, bucket).observe(now - self._started)
+            else:
+                self._metrics.chunk_gap.labels(tier, bucket).observe(now - self._last_chunk)
+            self._last_chunk = now
         elif event.type == "final":
-            self._metrics.e2e.labels(tier).observe(time.monotonic() - self._started)
+            self._metrics.e2e.labels(tier, bucket).observe(time.monotonic() - self._started)
             self._metrics.finished.labels(tier, "final").inc()
             error = self._admitter.observe(self._message, event.completion_tokens or 0)
             self._metrics.prediction_error.labels(tier).observe(error)
@@ -106,3 +127,18 @@ class RequestTracker:
             self._metrics.finished.labels(tier, event.error_code or "error").inc()
         elif event.type == "degraded" and event.degraded:
             self._metrics.degraded.labels(tier, str(event.degraded.get("reason", "unknown"))).inc()
+
+
+class QueueDepthCollector(Collector):
+    def __init__(self, backlog: Backlog) -> None:
+        self._backlog = backlog
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "tailcut_queue_depth_requests",
+            "Requests in the intake streams no worker has read yet, per tier and bucket (the last probe).",
+            labels=["tier", "bucket"],
+        )
+        for (tier, bucket), depth in sorted(self._backlog.depth.items()):
+            family.add_metric([tier, bucket], depth)
+        yield family

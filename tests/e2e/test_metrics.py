@@ -1,5 +1,5 @@
-"""A worker's own /metrics after a short load: every tailcut_worker_* family and vLLM's re-exported
-families carry samples, read by Prometheus's own text parser."""
+"""/metrics after a short load, on the API and on a worker: every family carries samples, read by
+Prometheus's own text parser."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ async def test_a_worker_exports_its_state_and_vllms_metrics_after_a_short_load(
                     while worker.running_ids:
                         await asyncio.sleep(0.02)
                 text = (await client.get(f"http://127.0.0.1:{server.server_port}/metrics")).text
+                api_text = (await client.get("/metrics")).text
         finally:
             server.shutdown()
             server.server_close()
@@ -74,3 +75,25 @@ async def test_a_worker_exports_its_state_and_vllms_metrics_after_a_short_load(
     queries = sum(v for (n, _l), v in samples.items() if n == "vllm:prefix_cache_queries_total")
     tokens = sum(v for (n, _l), v in samples.items() if n == "vllm:generation_tokens_total")
     assert queries > 0 and tokens >= 6 * 24, (queries, tokens)
+
+    api = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(api_text)
+        for sample in family.samples
+    }
+
+    def api_value(name: str, **labels: str) -> float:
+        found = [v for (n, got), v in api.items() if n == name and labels.items() <= dict(got).items()]
+        assert found, f"no sample {name}{labels} in the API's /metrics"
+        return sum(found)
+
+    for tier in ("realtime", "normal", "background"):
+        assert api_value("tailcut_requests_admitted_total", tier=tier) == 2
+        assert api_value("tailcut_requests_finished_total", tier=tier, outcome="final") == 2
+        assert api_value("tailcut_ttft_seconds_count", tier=tier, bucket="short") == 2
+        assert api_value("tailcut_e2e_seconds_count", tier=tier, bucket="short") == 2
+        assert api_value("tailcut_prediction_error_tokens_count", tier=tier) == 2
+    assert api_value("tailcut_inter_chunk_gap_seconds_count") > 0
+    assert api_value("tailcut_queue_depth_requests", tier="realtime", bucket="short") == 0
+    assert api_value("tailcut_open_streams") == 0
+    assert api_value("tailcut_event_loop_lag_seconds_count", process="api") > 0
