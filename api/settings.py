@@ -23,9 +23,9 @@ class ApiSettings(AdmissionSettings, ReplySettings):
     api_keys: list[str] = Field(
         default_factory=list, description="Accepted bearer tokens (JSON list); empty means no auth."
     )
-    admin_key: str = Field(
-        "",
-        description="Bearer token of the admin-only routes (`GET /debug/stacks`); empty: those routes do not exist.",
+    admin_key: str | None = Field(
+        None,
+        description="Bearer token of the admin-only routes (`GET /debug/stacks`); unset: those routes do not exist.",
     )
     resume_grace_s: float = Field(
         10.0,

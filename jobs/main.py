@@ -16,6 +16,7 @@ from jobs.runner import JobRunner
 from jobs.settings import JobsSettings
 from queues.connection import check_redis
 from queues.jobs import connect_arq
+from tailcut.exposition import serve_metrics
 from tailcut.logs import log_event
 from tailcut.models import resolve_model
 
@@ -29,6 +30,8 @@ ARQ_REDIS_TIMEOUT_S = 10.0
 async def serve(settings: JobsSettings) -> None:
     model_dir = resolve_model(settings.model, settings.cache_dir, progress=lambda line: log_event(log, line))
     runner = await JobRunner.open(settings, model_dir)
+    if settings.jobs_metrics_port:
+        serve_metrics(runner.metrics.registry, host=settings.metrics_host, port=settings.jobs_metrics_port)
     try:
         await check_redis(runner.redis)
         pool = connect_arq(settings.redis_url, queue_name=runner.keys.arq_queue, timeout_s=ARQ_REDIS_TIMEOUT_S)

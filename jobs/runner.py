@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 from admission.admitter import Admitter
 from admission.request import ChatPrompt, GenerationRequest, ServedModel
 from admission.tokenizer import PromptTokenizer
+from jobs.metrics import JobsMetrics
 from jobs.prompts import chunk_messages, reduce_messages
 from jobs.settings import JobsSettings
 from queues import intake, output
@@ -65,6 +66,7 @@ class JobRunner:
         self.router = router
         self.admitter = admitter
         self.store = JobStore(redis, self.keys)
+        self.metrics = JobsMetrics()
 
     @property
     def model(self) -> ServedModel:
@@ -113,6 +115,7 @@ class JobRunner:
         )
         log_event(log, "job_started", job=job_id, chunks=len(chunks), resumed=len(answers), attempt=attempt)
         in_flight: set[str] = set()
+        self.metrics.running.inc()
         try:
             await self._map(job_id, spec, chunks, answers, in_flight)
             combined: dict[str, Any] | None = None
@@ -121,12 +124,15 @@ class JobRunner:
         except asyncio.CancelledError:
             # Shielded: the cancels go out even if arq cancels this task once more meanwhile.
             await asyncio.shield(self._cancel(in_flight))
+            progress = None
             with contextlib.suppress(RedisError):
                 progress = await self.store.read(job_id)
                 if progress is not None and progress.abort_requested:
                     await self.store.finish(job_id, "aborted", ttl_s=self.settings.jobs_result_ttl_s)
                 else:
                     await self.store.set_status(job_id, "queued")  # arq runs it again
+            aborted = progress is not None and progress.abort_requested
+            self.metrics.jobs.labels("aborted" if aborted else "stopped").inc()
             log_event(log, "job_stopped", job=job_id, cancelled_requests=len(in_flight), ms=_ms_since(started))
             raise
         except Exception as exc:
@@ -134,10 +140,14 @@ class JobRunner:
             error = _describe(exc)
             with contextlib.suppress(RedisError):
                 await self.store.finish(job_id, "failed", ttl_s=self.settings.jobs_result_ttl_s, error=error)
+            self.metrics.jobs.labels("failed").inc()
             log_event(log, "job_failed", logging.WARNING, job=job_id, error=error, ms=_ms_since(started))
             raise JobFailedError(error) from exc
+        finally:
+            self.metrics.running.dec()
         result = aggregate(chunks, answers, combined)
         await self.store.finish(job_id, "complete", ttl_s=self.settings.jobs_result_ttl_s)
+        self.metrics.jobs.labels("complete").inc()
         log_event(
             log, "job_finished", job=job_id, chunks=len(chunks), failed=result["num_failed"], ms=_ms_since(started)
         )
@@ -184,6 +194,7 @@ class JobRunner:
 
         stream = self.router.open(message.id, alive=alive)
         in_flight.add(message.id)
+        self.metrics.in_flight.inc()
         texts: list[str] = []
         answer = Answer(error_code="no_final_event", error_message="the output stream ended without a final event")
         try:
@@ -210,7 +221,9 @@ class JobRunner:
                     break
         finally:
             stream.close()
+            self.metrics.in_flight.dec()
         in_flight.discard(message.id)
+        self.metrics.chunks.labels("ok" if answer.ok else "failed").inc()
         return answer
 
     async def _reduce(self, job_id: str, spec: JobSpec, answers: list[Answer], in_flight: set[str]) -> dict[str, Any]:

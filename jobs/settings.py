@@ -36,6 +36,10 @@ class JobsSettings(AdmissionSettings, ReplySettings):
     jobs_abort_wait_s: float = Field(
         5.0, ge=0, le=60, description="How long `DELETE /v1/jobs/{id}` waits for the job to stop."
     )
+    metrics_host: str = Field("127.0.0.1", description="Address a worker's or jobs process's `/metrics` binds.")
+    jobs_metrics_port: int = Field(
+        9500, ge=0, le=65535, description="Port of a jobs process's Prometheus `/metrics` (0: not served)."
+    )
     jobs_poll_delay_s: float = Field(
         0.5, gt=0, le=10, description="How often a jobs process looks for new jobs and aborts."
     )

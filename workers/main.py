@@ -8,12 +8,13 @@ import logging
 import signal
 
 from queues.connection import check_redis, connect, connect_blocking
+from tailcut.exposition import serve_metrics
 from tailcut.logs import log_event
 from tailcut.loopwatch import LoopWatch, dump_stacks
 from tailcut.models import resolve_model
 from workers.engines.factory import start_engine
 from workers.gpu_memory import GpuMemoryMonitor, LeakDetector, nvml_reader
-from workers.metrics import serve_metrics, worker_registry
+from workers.metrics import worker_registry
 from workers.prompter import Prompter
 from workers.settings import WorkerSettings
 from workers.worker import Worker

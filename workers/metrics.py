@@ -10,24 +10,20 @@ registers them.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from queues.breakers import STATE_VALUES
 from queues.keys import TIERS
-from tailcut.logs import log_event
 
 if TYPE_CHECKING:
     from workers.worker import Worker
 
-log = logging.getLogger("tailcut.worker")
 VLLM_PREFIX = "vllm:"
 
 
@@ -118,15 +114,3 @@ def worker_registry(worker: Worker) -> CollectorRegistry:
     registry.register(WorkerCollector(worker))
     registry.register(VllmCollector())
     return registry
-
-
-def serve_metrics(registry: CollectorRegistry, *, host: str, port: int) -> WSGIServer | None:
-    """Serve ``registry`` on ``http://host:port/metrics`` from a thread (``shutdown()`` stops it); None,
-    and one log line, when the port cannot be bound: the worker serves requests all the same."""
-    try:
-        server, _thread = start_http_server(port, addr=host, registry=registry)
-    except OSError as exc:
-        log_event(log, "metrics_not_served", logging.ERROR, port=port, error=str(exc))
-        return None
-    log_event(log, "metrics_served", url=f"http://{host}:{server.server_port}/metrics")
-    return server

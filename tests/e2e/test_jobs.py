@@ -60,13 +60,19 @@ async def test_a_fifty_chunk_job_completes_through_arq_with_answers_in_order(
 ) -> None:
     body = {"lines": LINES, "instruction": INSTRUCTION, "chunk_lines": 2, "max_tokens": 4, "ignore_eos": True}
     async with running_stack(redis_url, tiny_model, engine, max_model_len=TEST_MAX_MODEL_LEN) as stack:
-        async with running_jobs(stack, tiny_model, jobs_max_in_flight=16):
+        async with running_jobs(stack, tiny_model, jobs_max_in_flight=16) as runner:
             async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
                 created = await client.post(JOBS, json=body)
                 assert created.status_code == 202, created.text
                 assert created.json()["num_chunks"] == 50
                 view = await wait_for_status(client, created.json()["id"], {"complete", "failed", "aborted"}, 240)
         served = sum(len(worker.served_ids) for worker in stack.workers)
+    metrics = runner.metrics.registry
+    assert metrics.get_sample_value("tailcut_jobs_total", {"status": "complete"}) == 1
+    assert metrics.get_sample_value("tailcut_job_chunks_total", {"outcome": "ok"}) == 50
+    assert metrics.get_sample_value("tailcut_job_chunks_total", {"outcome": "failed"}) == 0
+    assert metrics.get_sample_value("tailcut_jobs_running") == 0
+    assert metrics.get_sample_value("tailcut_job_requests_in_flight") == 0
     assert view["status"] == "complete", view["error"]
     assert view["progress"] == {"done": 50, "failed": 0, "total": 50}
     assert view["error"] is None

@@ -10,9 +10,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tailcut.exposition import serve_metrics
 from tests.stack import running_stack
 from workers.engines.vllm_engine import VllmEngine
-from workers.metrics import serve_metrics, worker_registry
+from workers.metrics import worker_registry
 
 pytestmark = pytest.mark.engine
 

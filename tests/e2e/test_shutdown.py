@@ -239,6 +239,7 @@ class ProcessStack:
     redis_port: int = field(default_factory=free_port)
     api_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
+    jobs_metrics_port: int = field(default_factory=free_port)
     children: list[Child] = field(default_factory=list)
     life: int = 0
 
@@ -279,6 +280,7 @@ class ProcessStack:
             "TAILCUT_MAX_MODEL_LEN": str(TEST_MAX_MODEL_LEN),
             "TAILCUT_PORT": str(self.api_port),
             "TAILCUT_METRICS_PORT": str(self.metrics_port),
+            "TAILCUT_JOBS_METRICS_PORT": str(self.jobs_metrics_port),
             "TAILCUT_HOST": "127.0.0.1",
             "TAILCUT_ENGINE__KV_CACHE_MEMORY_BYTES": str(TEST_KV_CACHE_BYTES),
             "TAILCUT_ENGINE__MAX_NUM_SEQS": "8",
@@ -386,6 +388,7 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
             for reply in replies:
                 await resume(client, reply)
             view = await wait_for_job(client, created.json()["id"], timeout_s=180)
+            jobs_metrics = (await client.get(f"http://127.0.0.1:{stack.jobs_metrics_port}/metrics")).text
     print(f"\nSIGTERM → every process gone: {stopped_after_s:.1f} s; (tokens, error) when cut: {cut}")
     assert all(tokens < length for tokens, _error in cut), "a stream had ended before the SIGTERM"
     for index, reply in enumerate(replies):
@@ -397,6 +400,8 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
     assert view["status"] == "complete", view
     assert view["progress"] == {"done": 4, "failed": 0, "total": 4}
     assert all(chunk["completion_tokens"] == 200 for chunk in view["result"]["chunks"])
+    # The restarted jobs process ran the job to its end (the first one handed it back when stopped).
+    assert 'tailcut_jobs_total{status="complete"} 1.0' in jobs_metrics
 
 
 async def wait_for_job(client: httpx.AsyncClient, job_id: str, *, timeout_s: float) -> Any:
