@@ -61,7 +61,8 @@ class ApiMetrics:
         )
         self.chunk_gap = Histogram(
             "tailcut_inter_chunk_gap_seconds",
-            "Time between two content chunks of one reply reaching this process.",
+            "Time between two deliveries of content of one reply (chunks that arrive together leave in one "
+            "write: one gap).",
             ["tier", "bucket"],
             buckets=GAP_BUCKETS_S,
             registry=self.registry,
@@ -100,7 +101,8 @@ class ApiMetrics:
 
 
 class RequestTracker:
-    """Follows one request's events for the metrics and teaches the predictor its real length."""
+    """Follows one request's batches of events for the metrics (one clock read and at most one
+    observation per batch, not per token) and teaches the predictor its real length."""
 
     def __init__(self, metrics: ApiMetrics, message: RequestMessage, admitter: Admitter) -> None:
         self._metrics = metrics
@@ -108,17 +110,27 @@ class RequestTracker:
         self._admitter = admitter
         self._started = time.monotonic()
         self._last_chunk: float | None = None
+        self._ttft = metrics.ttft.labels(message.tier, message.bucket)
+        self._gap = metrics.chunk_gap.labels(message.tier, message.bucket)
 
-    def on_event(self, event: OutputEvent) -> None:
-        tier, bucket = self._message.tier, self._message.bucket
-        if event.type == "chunk":
-            now = time.monotonic()
-            if self._last_chunk is None:
-                self._metrics.ttft.labels(tier, bucket).observe(now - self._started)
+    def on_batch(self, batch: list[OutputEvent]) -> None:
+        """Events that arrived together (and leave in one write)."""
+        now: float | None = None
+        for event in batch:
+            if event.type == "chunk":
+                if now is None:
+                    now = time.monotonic()
+                    if self._last_chunk is None:
+                        self._ttft.observe(now - self._started)
+                    else:
+                        self._gap.observe(now - self._last_chunk)
+                    self._last_chunk = now
             else:
-                self._metrics.chunk_gap.labels(tier, bucket).observe(now - self._last_chunk)
-            self._last_chunk = now
-        elif event.type == "final":
+                self._on_other(event)
+
+    def _on_other(self, event: OutputEvent) -> None:
+        tier, bucket = self._message.tier, self._message.bucket
+        if event.type == "final":
             self._metrics.e2e.labels(tier, bucket).observe(time.monotonic() - self._started)
             self._metrics.finished.labels(tier, "final").inc()
             error = self._admitter.observe(self._message, event.completion_tokens or 0)

@@ -81,9 +81,9 @@ async def event_stream(
                 # Events that arrived together leave together: one ASGI message and one socket write for
                 # the batch instead of one per chunk (a lagging API thereby writes less per chunk, not more).
                 frames: list[bytes] = []
+                if tracker is not None:
+                    tracker.on_batch(batch)
                 for event in batch:
-                    if tracker is not None:
-                        tracker.on_event(event)
                     frames += event_frames(event, renderer)
                     finished = finished or event.terminal
                     last_seq = event.seq
@@ -120,9 +120,9 @@ async def collect(
     token_ids: list[int] = []
     try:
         async for batch in events:
+            if tracker is not None:
+                tracker.on_batch(batch)
             for event in batch:
-                if tracker is not None:
-                    tracker.on_event(event)
                 if event.type == "chunk":
                     texts.append(event.text)
                     token_ids += event.token_ids
