@@ -66,17 +66,7 @@ def _wait_ready(url: str, children: list[Child]) -> None:
             raise ConfigError(exc.message) from exc
 
 
-def worker_metrics_port() -> int:
-    """The first worker's /metrics port, from the same environment the workers read (0: none)."""
-    from workers.settings import WorkerSettings
-
-    return WorkerSettings().metrics_port
-
-
-def stop_order(children: list[Child], api_grace_s: float) -> None:
-    from workers.settings import WorkerSettings
-
-    drain_s = WorkerSettings().drain_timeout_s  # what the workers read from the same environment
+def stop_order(children: list[Child], *, api_grace_s: float, drain_s: float) -> None:
     for name in ("api", "jobs"):
         for child in children:
             if child.name == name:
@@ -87,10 +77,13 @@ def stop_order(children: list[Child], api_grace_s: float) -> None:
 
 def up(*, model: str | None, port: int | None, redis_url: str | None, num_workers: int) -> int:
     from api.settings import ApiSettings
+    from workers.settings import WorkerSettings
 
     interrupt_on_signals()  # the stack stops in order
     settings = CommonSettings(**_given(model=model, redis_url=redis_url))  # type: ignore[arg-type]
     api_settings = ApiSettings(**_given(port=port))  # type: ignore[arg-type]
+    # What the workers read from the same environment: their metrics ports and their drain time.
+    worker_settings = WorkerSettings()
     listen_port = api_settings.port or free_port()  # 0: a free one, known here so readiness can be polled
     with console.status("preparing the model"):
         model_dir = resolve_model(settings.model, settings.cache_dir, progress=console.log)
@@ -104,7 +97,7 @@ def up(*, model: str | None, port: int | None, redis_url: str | None, num_worker
         children: list[Child] = []
         try:
             command = [sys.executable, "-m", "tailcut"]
-            metrics_port = worker_metrics_port()
+            metrics_port = worker_settings.metrics_port
             for index in range(num_workers):
                 worker_env = {**env, "TAILCUT_METRICS_PORT": str(metrics_port + index if metrics_port else 0)}
                 children.append(start_child(f"worker {index + 1}", [*command, "worker"], worker_env))
@@ -135,4 +128,4 @@ def up(*, model: str | None, port: int | None, redis_url: str | None, num_worker
             # The API stops taking requests first (its open replies finish or are handed to their
             # clients), then the jobs process cancels its requests and hands its jobs back to the
             # queue, then the workers drain, all at once.
-            stop_order(children, api_settings.shutdown_grace_s)
+            stop_order(children, api_grace_s=api_settings.shutdown_grace_s, drain_s=worker_settings.drain_timeout_s)

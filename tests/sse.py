@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import orjson
 
 DONE = "[DONE]"
+
+
+async def frames(response: httpx.Response) -> AsyncIterator[tuple[int | None, Any]]:
+    """Each ``data:`` payload of ``response`` (parsed JSON, or ``DONE``) with the SSE ``id:`` before it
+    (None when it has none)."""
+    event_id: int | None = None
+    async for line in response.aiter_lines():
+        if line.startswith("id: "):
+            event_id = int(line.removeprefix("id: "))
+        elif line.startswith("data: "):
+            payload = line.removeprefix("data: ")
+            yield event_id, DONE if payload == DONE else orjson.loads(payload)
+            event_id = None
 
 
 async def stream_events(
@@ -17,10 +31,7 @@ async def stream_events(
     async with client.stream("POST", url, json=body, headers=headers) as response:
         assert response.status_code == 200, await response.aread()
         assert response.headers["content-type"].startswith("text/event-stream")
-        async for line in response.aiter_lines():
-            if line.startswith("data: "):
-                payload = line.removeprefix("data: ")
-                events.append(DONE if payload == DONE else orjson.loads(payload))
+        events = [payload async for _id, payload in frames(response)]
     return events
 
 

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
 from queues.output import read_output
-from tests.sse import DONE, stream_events, streamed_token_ids
+from tests.sse import DONE, frames, stream_events, streamed_token_ids
 from tests.stack import running_stack
 from workers.engines.vllm_engine import VllmEngine
 
@@ -36,30 +35,19 @@ async def read_some(
 ) -> tuple[httpx.Headers, list[tuple[int | None, Any]]]:
     """The first ``count`` events of a stream as (SSE id, payload); then the connection is dropped."""
     events: list[tuple[int | None, Any]] = []
-    event_id: int | None = None
     async with client.stream("POST", url, **kwargs) as response:
         assert response.status_code == 200, await response.aread()
-        async for line in response.aiter_lines():
-            if line.startswith("id: "):
-                event_id = int(line.removeprefix("id: "))
-            elif line.startswith("data: "):
-                payload = line.removeprefix("data: ")
-                events.append((event_id, DONE if payload == DONE else orjson.loads(payload)))
-                event_id = None
-                if len(events) == count:
-                    break
+        async for frame in frames(response):
+            events.append(frame)
+            if len(events) == count:
+                break
         return response.headers, events
 
 
 async def resume(client: httpx.AsyncClient, request_id: str, **headers: str) -> list[Any]:
-    events: list[Any] = []
     async with client.stream("GET", f"/v1/requests/{request_id}", headers=headers) as response:
         assert response.status_code == 200, await response.aread()
-        async for line in response.aiter_lines():
-            if line.startswith("data: "):
-                payload = line.removeprefix("data: ")
-                events.append(DONE if payload == DONE else orjson.loads(payload))
-    return events
+        return [payload async for _id, payload in frames(response)]
 
 
 async def test_a_dropped_stream_resumes_after_its_last_event_id_with_nothing_lost_or_repeated(

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
 from api.settings import ApiSettings
 from tailcut.processes import Child, free_port, redis_answers, start_child, stop_child
 from tests.conftest import TEST_KV_CACHE_BYTES, TEST_MAX_MODEL_LEN
 from tests.e2e.test_streaming import reference_ids
+from tests.sse import DONE, frames
 from tests.stack import running_api, running_stack, running_workers
 from workers.engines.vllm_engine import VllmEngine
 from workers.settings import WorkerSettings
@@ -65,28 +65,21 @@ def body(prompt_ids: list[int], max_tokens: int, tier: str = "normal") -> dict[s
 async def read_reply(response: httpx.Response, reply: Reply, *, on_event: Any = None) -> None:
     """Read SSE frames into ``reply`` until the stream ends (normally, with an error, or cut)."""
     reply.request_id = reply.request_id or response.headers[REQUEST_ID]
-    event_id: int | None = None
     with contextlib.suppress(httpx.HTTPError):
-        async for line in response.aiter_lines():
-            if line.startswith("id: "):
-                event_id = int(line.removeprefix("id: "))
-            elif line.startswith("data: "):
-                payload = line.removeprefix("data: ")
-                if payload == "[DONE]":
-                    reply.done = True
-                    continue
-                data = orjson.loads(payload)
-                if "error" in data:
-                    reply.error = data["error"]
-                elif data.get("choices"):
-                    choice = data["choices"][0]
-                    reply.token_ids += choice.get("token_ids") or []
-                    reply.finish_reason = choice.get("finish_reason") or reply.finish_reason
-                if event_id is not None:
-                    reply.event_ids.append(event_id)
-                    event_id = None
-                if on_event is not None:
-                    on_event(reply)
+        async for event_id, data in frames(response):
+            if data == DONE:
+                reply.done = True
+                continue
+            if "error" in data:
+                reply.error = data["error"]
+            elif data.get("choices"):
+                choice = data["choices"][0]
+                reply.token_ids += choice.get("token_ids") or []
+                reply.finish_reason = choice.get("finish_reason") or reply.finish_reason
+            if event_id is not None:
+                reply.event_ids.append(event_id)
+            if on_event is not None:
+                on_event(reply)
 
 
 async def resume(client: httpx.AsyncClient, reply: Reply) -> None:

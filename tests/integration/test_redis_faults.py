@@ -27,6 +27,7 @@ from queues.keys import Keys
 from queues.messages import OutputEvent
 from queues.output import OutputWriter
 from queues.replies import ReplyRouter
+from tests.sse import frames as sse_frames
 from tests.stack import private_redis_server, running_stack, unique_prefix
 
 NO_PERSISTENCE = ("--appendonly", "no", "--save", "")
@@ -110,14 +111,9 @@ async def test_without_persistence_a_redis_restart_loses_every_accepted_request(
 
 async def read_to_end(client: httpx.AsyncClient, body: dict[str, Any]) -> list[Any]:
     """The data frames of a streamed request, read to its end."""
-    frames: list[Any] = []
     async with client.stream("POST", "/v1/completions", json=body) as response:
         assert response.status_code == 200, await response.aread()
-        async for line in response.aiter_lines():
-            if line.startswith("data: "):
-                payload = line.removeprefix("data: ")
-                frames.append(payload if payload == "[DONE]" else orjson.loads(payload))
-    return frames
+        return [payload async for _id, payload in sse_frames(response)]
 
 
 # --- a pub/sub subscriber cut off for falling behind -------------------------------------------
