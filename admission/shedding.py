@@ -12,8 +12,9 @@ simulator's counts its own queue, so ``tailcut bench policies`` measures what th
 ``shed_probe_interval_s``, plus the requests this process admitted since the last poll, so a burst
 between two polls cannot run past the bound. Requests a worker has read ahead into its local queue
 (at most ``TAILCUT_SCHEDULER__PREFETCH`` per tier) are not counted. The bound is on requests, not on
-queued tokens (DESIGN.md names both): the API sees only the streams' lag, and a count bounds the
-wait well enough when the tier's lengths are bounded, as the length buckets keep them.
+queued tokens (DESIGN.md names both): a count bounds the wait well enough when the tier's lengths are
+bounded, as the length buckets keep them. The queued tokens are measured too (each entry carries its
+cost; ``intake.queued_tokens``), about once a second, for the metrics and the status page.
 
 ``Retry-After`` is how long the workers take, at the tier's recent drain rate, to read the requests
 that stand between the queue and a free place in it: at least 1 s, at most 30 s.
@@ -39,6 +40,8 @@ from tailcut.logs import log_event
 log = logging.getLogger("tailcut.admission")
 
 RETRY_AFTER_MAX_S = 30
+# The queued tokens (a metric, not a shedding input) are summed at most this often: it reads the entries.
+QUEUED_TOKENS_INTERVAL_S = 1.0
 # Weight of the newest probe in the drain-rate average (about the last two seconds at 10 probes/s).
 DRAIN_SMOOTHING = 0.05
 
@@ -80,10 +83,14 @@ class Backlog:
     def __init__(self, redis: aioredis.Redis, keys: Keys, *, interval_s: float) -> None:
         self._redis = redis
         self._streams = {tier: [keys.intake(tier, bucket) for bucket in BUCKETS] for tier in TIERS}
+        self._keys_of = {keys.intake(tier, bucket): (tier, bucket) for tier in TIERS for bucket in BUCKETS}
         self._interval_s = interval_s
         self._probed: dict[Tier, int] = dict.fromkeys(TIERS, 0)
         # The last probe per (tier, bucket): entries no worker has read yet.
         self.depth: dict[tuple[Tier, Bucket], int] = {(tier, bucket): 0 for tier in TIERS for bucket in BUCKETS}
+        # The tokens those entries will cost the engine (``intake.queued_tokens``), summed about once a second.
+        self.tokens: dict[tuple[Tier, Bucket], int] = dict.fromkeys(self.depth, 0)
+        self._tokens_at: float | None = None
         self._admitted: dict[Tier, int] = dict.fromkeys(TIERS, 0)
         # Requests per second the workers read from each tier's streams (smoothed).
         self._drain_rps: dict[Tier, float] = dict.fromkeys(TIERS, 0.0)
@@ -124,6 +131,11 @@ class Backlog:
             self._probed[tier] = lag
             self._admitted[tier] = 0
         self._probed_at = now
+        if self._tokens_at is None or now - self._tokens_at >= QUEUED_TOKENS_INTERVAL_S:
+            self._tokens_at = now
+            tokens = await intake.queued_tokens(self._redis, list(self._keys_of))
+            for stream, key in self._keys_of.items():
+                self.tokens[key] = tokens.get(stream, 0)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="shed-backlog")

@@ -14,10 +14,12 @@ from admission.admitter import Admitter
 from admission.request import ServedModel
 from admission.shedding import Backlog
 from admission.tokenizer import PromptTokenizer
-from api import debug, errors, health, jobs_routes, openai_routes, replay
+from api import debug, errors, health, jobs_routes, openai_routes, replay, status_routes
+from api.metrics import ApiMetrics
 from api.settings import ApiSettings
 from api.shutdown import Drain
 from api.state import ApiState
+from api.status import StatusWindow
 from jobs.settings import JobsSettings
 from queues import events
 from queues.connection import check_redis, connect, connect_blocking
@@ -60,6 +62,10 @@ def create_app(
         arq = connect_arq(settings.redis_url, queue_name=keys.arq_queue, timeout_s=settings.redis_timeout_s)
         backlog = Backlog(redis, keys, interval_s=settings.shed_probe_interval_s)
         backlog.start()
+        metrics = ApiMetrics(settings.slo_targets())
+        metrics.watch_queues(backlog)
+        status = StatusWindow(metrics.exposed, window_s=settings.status_window_s)
+        status.start()
         state = ApiState(
             settings=settings,
             keys=keys,
@@ -71,9 +77,10 @@ def create_app(
             arq=arq,
             backlog=backlog,
             drain=Drain(settings.shutdown_grace_s),
+            metrics=metrics,
+            status=status,
         )
         app.state.tailcut = state
-        state.metrics.watch_queues(backlog)
 
         async def report(event: dict[str, object]) -> None:
             await events.publish(redis, keys, event, source={"api": settings.api_id})
@@ -92,6 +99,7 @@ def create_app(
             yield
         finally:
             await loop_watch.stop()
+            await status.stop()
             await state.wait_background()
             await backlog.stop()
             await arq.aclose(close_connection_pool=True)
@@ -108,4 +116,5 @@ def create_app(
     app.include_router(jobs_routes.router)
     app.include_router(replay.router)
     app.include_router(debug.router)
+    app.include_router(status_routes.router)
     return app

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
@@ -64,4 +64,4 @@ async def metrics(request: Request) -> Response:
             state.metrics.breaker_state.labels(tier).set(STATE_VALUES[view.state])
     except RedisError:
         pass  # the last values stand; Redis being down shows elsewhere
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

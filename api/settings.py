@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from pathlib import Path
 
 from pydantic import Field
 
 from admission.settings import AdmissionSettings
+from api.metrics import SloTargets
 from tailcut.settings import ReplySettings
+
+_SLO = SloTargets()
 
 
 def default_api_id() -> str:
@@ -19,6 +23,40 @@ def default_api_id() -> str:
 class ApiSettings(AdmissionSettings, ReplySettings):
     host: str = Field("127.0.0.1", description="Address the HTTP server binds.")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 picks a free one).")
+    api_processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="API processes sharing the port (`tailcut api`); past 1 their metrics are pooled through "
+        "prometheus-client's multiprocess mode in TAILCUT_METRICS_DIR.",
+    )
+    metrics_dir: Path | None = Field(
+        None,
+        description="Folder of the pooled metrics of several API processes, emptied at start; default "
+        "`<temp dir>/tailcut-api-metrics-<port>`.",
+    )
+    status_window_s: float = Field(
+        300.0, ge=10, le=86400, description="The status page's figures cover the last this many seconds."
+    )
+    slo_realtime_ttft_ms: int = Field(
+        int(_SLO.realtime_ttft_s * 1000), ge=0, description="Realtime SLO: time to first token (0: no target)."
+    )
+    slo_realtime_e2e_ms: int = Field(
+        int(_SLO.realtime_e2e_s * 1000), ge=0, description="Realtime SLO: time to the whole reply (0: no target)."
+    )
+    slo_normal_ttft_ms: int = Field(
+        int(_SLO.normal_ttft_s * 1000), ge=0, description="Normal SLO: time to first token (0: no target)."
+    )
+    slo_normal_tpot_ms: int = Field(
+        int(_SLO.normal_tpot_s * 1000),
+        ge=0,
+        description="Normal SLO: time per output token after the first (0: no target).",
+    )
+    slo_background_e2e_ms: int = Field(
+        int(_SLO.background_e2e_s * 1000),
+        ge=0,
+        description="Background SLO: time to the whole reply (0: none; the tier only has to complete).",
+    )
     api_id: str = Field(default_factory=default_api_id, description="Names this process's reply channel.")
     api_keys: list[str] = Field(
         default_factory=list, description="Accepted bearer tokens (JSON list); empty means no auth."
@@ -50,3 +88,12 @@ class ApiSettings(AdmissionSettings, ReplySettings):
     shed_probe_interval_s: float = Field(
         0.1, gt=0, le=10, description="How often the API reads the intake streams' backlog for shedding."
     )
+
+    def slo_targets(self) -> SloTargets:
+        return SloTargets(
+            realtime_ttft_s=self.slo_realtime_ttft_ms / 1000,
+            realtime_e2e_s=self.slo_realtime_e2e_ms / 1000,
+            normal_ttft_s=self.slo_normal_ttft_ms / 1000,
+            normal_tpot_s=self.slo_normal_tpot_ms / 1000,
+            background_e2e_s=self.slo_background_e2e_ms / 1000,
+        )

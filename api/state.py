@@ -16,6 +16,7 @@ from admission.shedding import Backlog
 from api.metrics import ApiMetrics
 from api.settings import ApiSettings
 from api.shutdown import Drain
+from api.status import StatusWindow
 from jobs.settings import JobsSettings
 from queues.keys import Keys
 from queues.replies import ReplyRouter
@@ -34,7 +35,9 @@ class ApiState:
     arq: ArqRedis
     backlog: Backlog
     drain: Drain
-    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+    metrics: ApiMetrics
+    # The status page's window over the metrics (``api.status``).
+    status: StatusWindow
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @property

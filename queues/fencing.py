@@ -64,10 +64,11 @@ return 1
 """
 
 # Replaces an entry by its continuation at the end of a stream. KEYS: fence, old stream, new stream.
-# ARGV: token, group, entry id, message field, message. Returns the new entry id, or false when fenced.
+# ARGV: token, group, entry id, message field, message, tokens field, tokens. Returns the new entry id,
+# or false when fenced.
 REQUEUE = """
 if ARGV[1] ~= '0' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
-local id = redis.call('XADD', KEYS[3], '*', ARGV[4], ARGV[5])
+local id = redis.call('XADD', KEYS[3], '*', ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 redis.call('XACK', KEYS[2], ARGV[2], ARGV[3])
 redis.call('XDEL', KEYS[2], ARGV[3])
 return id

@@ -20,6 +20,11 @@ from queues.messages import RequestMessage
 
 # Field of an intake entry that holds the orjson-encoded RequestMessage.
 MESSAGE_FIELD = b"d"
+# Field with the tokens the request will cost the engine (``RequestMessage.cost_tokens``), so the queued
+# tokens can be summed without decoding messages.
+TOKENS_FIELD = b"t"
+# The queued-tokens probe reads at most this many unread entries per stream and extrapolates beyond.
+QUEUED_TOKENS_SCAN = 5000
 # The dead-letter stream keeps about this many entries.
 DEAD_LETTER_MAXLEN = 100_000
 
@@ -50,9 +55,14 @@ async def ensure_groups(redis: aioredis.Redis, keys: Keys) -> None:
                 raise
 
 
+def entry_fields(message: RequestMessage) -> dict[bytes, bytes | int]:
+    """The fields of the intake entry that carries ``message``."""
+    return {MESSAGE_FIELD: message.dumps(), TOKENS_FIELD: message.cost_tokens()}
+
+
 async def enqueue(redis: aioredis.Redis, keys: Keys, message: RequestMessage) -> str:
     """Append the request to its intake stream; returns the entry id. Accepted once this returns."""
-    entry_id = await redis.xadd(keys.intake(message.tier, message.bucket), {MESSAGE_FIELD: message.dumps()})
+    entry_id = await redis.xadd(keys.intake(message.tier, message.bucket), entry_fields(message))  # type: ignore[arg-type]
     return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
 
@@ -190,11 +200,12 @@ async def requeue(redis: aioredis.Redis, keys: Keys, entry: IntakeEntry, message
     the continuation exists exactly when the original is acknowledged. None, and nothing done, when a
     newer delivery holds the request."""
     stream = keys.intake(message.tier, message.bucket)
+    fields = [MESSAGE_FIELD, message.dumps(), TOKENS_FIELD, message.cost_tokens()]
     new_id = await scripts.run(
         redis,
         fencing.REQUEUE,
         [keys.fence(entry.message.id), entry.stream, stream],
-        [entry.fence, WORKER_GROUP, entry.entry_id, MESSAGE_FIELD, message.dumps()],
+        [entry.fence, WORKER_GROUP, entry.entry_id, *fields],
     )
     if new_id is None:
         return None
@@ -224,3 +235,48 @@ async def backlog(redis: aioredis.Redis, streams: list[str]) -> dict[str, int]:
                 pipe.xlen(stream)
             lags.update(zip(missing, map(int, await pipe.execute()), strict=True))
     return lags
+
+
+async def queued_tokens(redis: aioredis.Redis, streams: list[str], *, scan: int = QUEUED_TOKENS_SCAN) -> dict[str, int]:
+    """Tokens of the entries of each stream not yet delivered to any worker (the sum of their
+    ``TOKENS_FIELD``). Past ``scan`` unread entries in a stream, the rest are counted at the mean of
+    those read."""
+    reply = await scripts.run(redis, QUEUED_TOKENS, streams, [WORKER_GROUP, scan])
+    totals: dict[str, int] = {}
+    for stream, (tokens, read, lag) in zip(streams, reply, strict=True):
+        tokens, read, lag = int(tokens), int(read), int(lag)
+        totals[stream] = tokens if read >= lag or read == 0 else round(tokens * lag / read)
+    return totals
+
+
+# Per stream (KEYS): the sum of the token field over the entries after the worker group's last
+# delivered id (all entries while the group is missing), at most ARGV[2] of them, how many were read,
+# and the group's lag. ARGV: group, scan limit.
+QUEUED_TOKENS = f"""
+local out = {{}}
+for i, stream in ipairs(KEYS) do
+  local start, lag = '-', nil
+  local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
+  if ok then
+    for _, group in ipairs(groups) do
+      local fields = {{}}
+      for j = 1, #group, 2 do fields[group[j]] = group[j + 1] end
+      if fields['name'] == ARGV[1] then
+        start = '(' .. fields['last-delivered-id']
+        lag = fields['lag']
+      end
+    end
+  end
+  local entries = redis.call('XRANGE', stream, start, '+', 'COUNT', ARGV[2])
+  local tokens = 0
+  for _, entry in ipairs(entries) do
+    local fields = entry[2]
+    for j = 1, #fields, 2 do
+      if fields[j] == '{TOKENS_FIELD.decode()}' then tokens = tokens + tonumber(fields[j + 1]) end
+    end
+  end
+  if type(lag) ~= 'number' then lag = (start == '-') and redis.call('XLEN', stream) or #entries end
+  out[i] = {{tokens, #entries, lag}}
+end
+return out
+"""

@@ -81,6 +81,11 @@ class Keys:
         # heartbeat vouches for it (``WORKER_ALIVE_BEATS`` of its own beats): readiness.
         return f"{self.prefix}workers"
 
+    def worker_info(self, worker_id: str) -> str:
+        # Hash describing a live worker (engine, model, pool, load), rewritten by its every beat and
+        # expiring with it: the status page's list of workers.
+        return f"{self.prefix}worker:{worker_id}"
+
     @property
     def dead_letter(self) -> str:
         # Requests that will not run (expired, too many deliveries), with the reason.

@@ -75,6 +75,12 @@ class RequestMessage:
     def dumps(self) -> bytes:
         return orjson.dumps(self)
 
+    def cost_tokens(self) -> int:
+        """Tokens the request still costs the engine: its context to prefill (prompt and what was
+        generated so far) and the rest of its predicted output."""
+        generated = len(self.generated_token_ids)
+        return len(self.prompt_token_ids) + generated + max(0, self.predicted_output_tokens - generated)
+
     @classmethod
     def loads(cls, data: bytes) -> RequestMessage:
         raw: dict[str, Any] = orjson.loads(data)

@@ -17,7 +17,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from queues import scripts
-from queues.intake import MESSAGE_FIELD
+from queues.intake import entry_fields
 from queues.keys import Keys
 from queues.messages import RequestMessage
 
@@ -91,7 +91,7 @@ async def enqueue(
     async with redis.pipeline(transaction=False) as pipe:
         if not record.resumable:
             pipe.set(keys.request(record.id), record.dumps(), ex=ttl_s)
-        pipe.xadd(keys.intake(message.tier, message.bucket), {MESSAGE_FIELD: message.dumps()})
+        pipe.xadd(keys.intake(message.tier, message.bucket), entry_fields(message))  # type: ignore[arg-type]
         await pipe.execute()
 
 

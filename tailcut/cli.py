@@ -26,23 +26,10 @@ def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, object]:
 
 
 def cmd_api(args: argparse.Namespace) -> None:
-    from api.app import create_app
-    from api.settings import ApiSettings
-    from api.shutdown import ApiServer, server_config
-    from jobs.settings import JobsSettings
+    from api.supervisor import serve
 
-    settings = ApiSettings(**_overrides(args, ["host", "port", "model", "redis_url"]))  # type: ignore[arg-type]
-    jobs_settings = JobsSettings(**_overrides(args, ["model", "redis_url"]))  # type: ignore[arg-type]
-    logs.configure(settings.log_format)
-    config = server_config(
-        create_app(settings, jobs_settings=jobs_settings),
-        host=settings.host,
-        port=settings.port,
-        grace_s=settings.shutdown_grace_s,
-        log_level="warning",
-        access_log=False,
-    )
-    ApiServer(config).run()
+    overrides = _overrides(args, ["host", "port", "model", "redis_url", "api_processes"])
+    serve(overrides)
 
 
 def cmd_worker(args: argparse.Namespace) -> None:
@@ -115,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--port", type=int)
     api.add_argument("--model", help="model folder or `smollm2` (TAILCUT_MODEL)")
     api.add_argument("--redis-url", dest="redis_url")
+    api.add_argument(
+        "--processes", dest="api_processes", type=int, help="API processes sharing the port (TAILCUT_API_PROCESSES)"
+    )
     api.set_defaults(func=cmd_api)
 
     worker = sub.add_parser("worker", help="run one worker (one engine)")

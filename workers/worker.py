@@ -147,6 +147,25 @@ class Worker:
             counts[request.tier][1] += 1
         return {tier: (running, waiting) for tier, (running, waiting) in counts.items()}
 
+    def describe(self) -> dict[str | bytes, str | int | float]:
+        """What the status page shows of this worker: its engine and pool, and its load now."""
+        engine = self._settings.engine
+        by_tier = self.requests_by_tier()
+        return {
+            "engine": engine.kind,
+            "model": self._settings.model,
+            "dtype": engine.dtype,
+            "quantization": engine.quantization or "",
+            "home_buckets": ",".join(self._settings.home_buckets),
+            "state": "draining" if self._stopping.is_set() else "serving",
+            "running": sum(running for running, _ in by_tier.values()),
+            "waiting": sum(waiting for _, waiting in by_tier.values()),
+            "token_budget": self.token_budget or 0,
+            "step_ms": round(self.step_ms, 2),
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "beat_ms": int(time.time() * 1000),
+        }
+
     def stop(self) -> None:
         """Stop reading and admitting: waiting requests go back to their intake streams at once, running
         ones get ``drain_timeout_s`` to finish and are then handed back as continuations (resumed from
@@ -213,6 +232,7 @@ class Worker:
             with contextlib.suppress(RedisError):
                 # Gone, not merely late: whatever it left pending is taken over at once.
                 await self._redis.zadd(self._keys.workers, {self.worker_id: 0})
+                await self._redis.delete(self._keys.worker_info(self.worker_id))
             log_event(log, "worker_stopped", worker=self.worker_id, served=len(self.served_ids))
         if self._fatal is not None:
             raise self._fatal
@@ -694,7 +714,11 @@ class Worker:
         while not self._gone.is_set():
             try:
                 now = time.time()
-                await self._redis.zadd(self._keys.workers, {self.worker_id: now + WORKER_ALIVE_BEATS * beat_s})
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.zadd(self._keys.workers, {self.worker_id: now + WORKER_ALIVE_BEATS * beat_s})
+                    pipe.hset(self._keys.worker_info(self.worker_id), mapping=self.describe())
+                    pipe.pexpire(self._keys.worker_info(self.worker_id), int(WORKER_ALIVE_BEATS * beat_s * 1000))
+                    await pipe.execute()
                 held = list(self._entries.values())
                 for request_id in await intake.keep_claimed(self._redis, self._keys, self.worker_id, held):
                     self._fenced_out(request_id, next(e.fence for e in held if e.message.id == request_id))

@@ -1,0 +1,130 @@
+"""Serving the API from one process or several on one port (``TAILCUT_API_PROCESSES``).
+
+One process runs uvicorn in place. Several are started by a small supervisor: it binds the socket
+once, empties the metrics folder (prometheus-client's multiprocess mode, see ``api.metrics``), starts
+the processes (spawned, so each builds its own app, its own Redis clients and its own reply channel),
+restarts one that dies, and on SIGTERM or SIGINT passes the signal on and waits: each process drains
+as a single one does (``api.shutdown``). The processes die with the supervisor, even a SIGKILLed one.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import tempfile
+import time
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from api.metrics import MULTIPROC_DIR_ENV, forget_dead_processes, wipe_multiprocess_dir
+from api.settings import ApiSettings
+from tailcut import logs
+from tailcut.logs import log_event
+from tailcut.processes import die_with_parent
+
+log = logging.getLogger("tailcut.api")
+
+# A process that dies sooner than this after its start is not restarted: it would fail again.
+MIN_UPTIME_S = 10.0
+
+
+def serve(overrides: dict[str, Any]) -> None:
+    """Run the API with ``ApiSettings(**overrides)`` until SIGTERM or SIGINT."""
+    settings = ApiSettings(**overrides)
+    logs.configure(settings.log_format)
+    if settings.api_processes == 1:
+        _run_server(settings, sockets=None)
+        return
+    folder = settings.metrics_dir or Path(tempfile.gettempdir()) / f"tailcut-api-metrics-{settings.port}"
+    wipe_multiprocess_dir(folder)
+    # Read by prometheus-client when each spawned process imports it.
+    os.environ[MULTIPROC_DIR_ENV] = str(folder)
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host, settings.port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    Supervisor(settings, overrides, sock).run()
+
+
+class Supervisor:
+    def __init__(self, settings: ApiSettings, overrides: dict[str, Any], sock: socket.socket) -> None:
+        self._settings = settings
+        self._overrides = overrides
+        self._sock = sock
+        self._context = multiprocessing.get_context("spawn")
+        self._processes: list[tuple[BaseProcess, float]] = []
+        self._stopping = False
+
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        port = self._sock.getsockname()[1]
+        log_event(log, "api_supervisor_started", processes=self._settings.api_processes, port=port)
+        self._processes = [self._start() for _ in range(self._settings.api_processes)]
+        while not self._stopping:
+            time.sleep(0.5)
+            for index, (process, started) in enumerate(self._processes):
+                if process.is_alive() or self._stopping:
+                    continue
+                log_event(log, "api_process_died", logging.ERROR, pid=process.pid, exitcode=process.exitcode)
+                if time.monotonic() - started < MIN_UPTIME_S:
+                    log_event(log, "api_processes_failing", logging.ERROR, why="a process died right after its start")
+                    self._stop(signal.SIGTERM, None)
+                    break
+                self._processes[index] = self._start()
+        for process, _ in self._processes:
+            process.join()
+        self._sock.close()
+        log_event(log, "api_supervisor_stopped")
+
+    def _start(self) -> tuple[BaseProcess, float]:
+        process = self._context.Process(
+            target=_child, args=(self._overrides, self._sock, os.getpid()), name="tailcut-api", daemon=False
+        )
+        process.start()
+        return process, time.monotonic()
+
+    def _stop(self, signum: int, _frame: FrameType | None) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        for process, _ in self._processes:
+            if process.pid is not None and process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+
+
+def _child(overrides: dict[str, Any], sock: socket.socket, parent_pid: int) -> None:
+    # A group of its own: a terminal's Ctrl-C reaches the supervisor alone, which passes on one SIGTERM
+    # (a second signal would make uvicorn skip the drain).
+    os.setpgid(0, 0)
+    die_with_parent(parent_pid)
+    settings = ApiSettings(**overrides)
+    if "TAILCUT_API_ID" in os.environ or "api_id" in overrides:
+        # Each process needs a reply channel of its own.
+        settings = settings.model_copy(update={"api_id": f"{settings.api_id}-{os.getpid()}"})
+    logs.configure(settings.log_format)
+    forget_dead_processes(Path(os.environ[MULTIPROC_DIR_ENV]))
+    _run_server(settings, sockets=[sock])
+
+
+def _run_server(settings: ApiSettings, *, sockets: list[socket.socket] | None) -> None:
+    from api.app import create_app
+    from api.shutdown import ApiServer, server_config
+    from jobs.settings import JobsSettings
+
+    jobs_settings = JobsSettings(**{name: getattr(settings, name) for name in ("model", "redis_url")})
+    config = server_config(
+        create_app(settings, jobs_settings=jobs_settings),
+        host=settings.host,
+        port=settings.port,
+        grace_s=settings.shutdown_grace_s,
+        log_level="warning",
+        access_log=False,
+    )
+    ApiServer(config).run(sockets=sockets)
