@@ -3,8 +3,9 @@
 One process runs uvicorn in place. Several are started by a small supervisor: it binds the socket
 once, empties the metrics folder (prometheus-client's multiprocess mode, see ``api.metrics``), starts
 the processes (spawned, so each builds its own app, its own Redis clients and its own reply channel),
-restarts one that dies, and on SIGTERM or SIGINT passes the signal on and waits: each process drains
-as a single one does (``api.shutdown``). The processes die with the supervisor, even a SIGKILLed one.
+restarts one that dies (stopping instead past ``MAX_RESTARTS_PER_MINUTE``), and on SIGTERM or SIGINT
+passes one SIGTERM on and waits: each process drains as a single one does (``api.shutdown``). The
+processes die with the supervisor, even a SIGKILLed one.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from tailcut.processes import die_with_parent
 
 log = logging.getLogger("tailcut.api")
 
-# A process that dies sooner than this after its start is not restarted: it would fail again.
-MIN_UPTIME_S = 10.0
+# More restarts than this within a minute stop the supervisor: the processes fail as they start.
+MAX_RESTARTS_PER_MINUTE = 5
 
 
 def serve(overrides: dict[str, Any]) -> None:
@@ -58,7 +59,8 @@ class Supervisor:
         self._overrides = overrides
         self._sock = sock
         self._context = multiprocessing.get_context("spawn")
-        self._processes: list[tuple[BaseProcess, float]] = []
+        self._processes: list[BaseProcess] = []
+        self._restarts: list[float] = []
         self._stopping = False
 
     def run(self) -> None:
@@ -69,32 +71,34 @@ class Supervisor:
         self._processes = [self._start() for _ in range(self._settings.api_processes)]
         while not self._stopping:
             time.sleep(0.5)
-            for index, (process, started) in enumerate(self._processes):
+            for index, process in enumerate(self._processes):
                 if process.is_alive() or self._stopping:
                     continue
                 log_event(log, "api_process_died", logging.ERROR, pid=process.pid, exitcode=process.exitcode)
-                if time.monotonic() - started < MIN_UPTIME_S:
-                    log_event(log, "api_processes_failing", logging.ERROR, why="a process died right after its start")
+                now = time.monotonic()
+                self._restarts = [at for at in self._restarts if at > now - 60] + [now]
+                if len(self._restarts) > MAX_RESTARTS_PER_MINUTE:
+                    log_event(log, "api_processes_failing", logging.ERROR, restarts_in_last_minute=len(self._restarts))
                     self._stop(signal.SIGTERM, None)
                     break
                 self._processes[index] = self._start()
-        for process, _ in self._processes:
+        for process in self._processes:
             process.join()
         self._sock.close()
         log_event(log, "api_supervisor_stopped")
 
-    def _start(self) -> tuple[BaseProcess, float]:
+    def _start(self) -> BaseProcess:
         process = self._context.Process(
             target=_child, args=(self._overrides, self._sock, os.getpid()), name="tailcut-api", daemon=False
         )
         process.start()
-        return process, time.monotonic()
+        return process
 
     def _stop(self, signum: int, _frame: FrameType | None) -> None:
         if self._stopping:
             return
         self._stopping = True
-        for process, _ in self._processes:
+        for process in self._processes:
             if process.pid is not None and process.is_alive():
                 os.kill(process.pid, signal.SIGTERM)
 

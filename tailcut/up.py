@@ -113,7 +113,8 @@ def up(*, model: str | None, port: int | None, redis_url: str | None, num_worker
                 '[{"role": "user", "content": "What is the capital of France?"}]}\'\n',
                 soft_wrap=True,
             )
-            console.print(f"Batch log analysis: tailcut jobs submit FILE --url {url}\n")
+            console.print(f"Batch log analysis: tailcut jobs submit FILE --url {url}")
+            console.print(f"Live status: {url}/status · Prometheus metrics: {url}/metrics\n")
             console.print("Ctrl-C stops everything.")
             while all(child.process.poll() is None for child in children):
                 time.sleep(0.5)

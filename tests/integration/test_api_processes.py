@@ -1,5 +1,6 @@
 """Several API processes on one port (``tailcut api --processes 2``): one pooled /metrics, a wiped metrics
-folder at start, a stop that reaches every process, and no process left behind by a SIGKILL."""
+folder at start, a dead process replaced, a stop that reaches every process, and no process left behind
+by a SIGKILL."""
 
 from __future__ import annotations
 
@@ -86,6 +87,23 @@ def test_two_api_processes_share_one_port_and_pool_their_metrics(
         for _ in range(10):
             with httpx.Client(base_url=base, timeout=5) as client:
                 assert admitted(client.get("/metrics").text) == REQUESTS
+        # A process that dies is replaced; the pooled counts survive it (its files stay).
+        children = [pid for pid, row in descendants(api.pid).items() if row[0] == api.pid and "spawn_main" in row[2]]
+        assert len(children) == 2, descendants(api.pid)
+        os.kill(children[0], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            now = [pid for pid, row in descendants(api.pid).items() if row[0] == api.pid and "spawn_main" in row[2]]
+            if len(now) == 2 and children[0] not in now:
+                break
+            assert time.monotonic() < deadline, f"no replacement for {children[0]}: {now}"
+            time.sleep(0.2)
+        while log.read_text().count("api_started") < 3:  # the replacement serves
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert "api_process_died" in log.read_text()
+        with httpx.Client(base_url=base, timeout=5) as client:
+            assert admitted(client.get("/metrics").text) == REQUESTS
         tree = descendants(api.pid)
         assert len(tree) >= 2, tree
     finally:
@@ -93,9 +111,9 @@ def test_two_api_processes_share_one_port_and_pool_their_metrics(
         code = api.process.wait(timeout=30)
     assert code == 0, log.read_text()
     left = [pid for pid in tree if pid in processes()]
-    assert not left, f"API processes still running after the supervisor stopped: {left}"
+    assert not left, f"API processes still running after the supervisor stopped: {[processes().get(pid) for pid in left]}"
     text = log.read_text()
-    assert text.count("api_stopped") == 2, text
+    assert text.count("api_stopped") == 2, text  # the survivor and the replacement
 
 
 def test_a_sigkilled_supervisor_takes_its_api_processes_with_it(
