@@ -7,7 +7,7 @@ import contextlib
 from typing import Any
 
 from arq.connections import ArqRedis
-from arq.worker import Worker, func
+from arq.worker import Retry, Worker, func
 from redis.exceptions import RedisError
 
 from jobs.runner import JobRunner
@@ -17,12 +17,17 @@ from queues.jobs import JOB_FUNCTION, JobSpec
 RUNNER_CTX_KEY = "tailcut_runner"
 # A job whose jobs process keeps stopping under it is run at most this many times.
 JOB_MAX_TRIES = 5
+# A job that Redis failed under runs again after this long.
+REDIS_RETRY_DEFER_S = 2.0
 
 
 async def analyze_logs(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
-    """The arq job function."""
+    """The arq job function. Redis failing under a job runs it again (up to ``JOB_MAX_TRIES``)."""
     runner: JobRunner = ctx[RUNNER_CTX_KEY]
-    return await runner.run(ctx["job_id"], JobSpec.from_payload(payload), attempt=int(ctx.get("job_try", 1)))
+    try:
+        return await runner.run(ctx["job_id"], JobSpec.from_payload(payload), attempt=int(ctx.get("job_try", 1)))
+    except RedisError as exc:
+        raise Retry(defer=REDIS_RETRY_DEFER_S) from exc
 
 
 def build_worker(runner: JobRunner, pool: ArqRedis, *, handle_signals: bool) -> Worker:

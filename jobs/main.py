@@ -46,10 +46,13 @@ async def serve(settings: JobsSettings) -> None:
             queue=runner.keys.arq_queue,
             max_jobs=settings.jobs_max_concurrent,
         )
+        leases = asyncio.create_task(runner.keep_leases(), name="job-leases")
         try:
             await run_worker(worker)
         finally:
             await close_worker(worker, pool)
+            leases.cancel()
+            await asyncio.gather(leases, return_exceptions=True)
             log_event(log, "jobs_stopped", runner=settings.jobs_runner_id)
     finally:
         await runner.close()

@@ -32,7 +32,7 @@ from jobs.prompts import chunk_messages, reduce_messages
 from jobs.settings import JobsSettings
 from queues import intake, output
 from queues.connection import connect, connect_blocking
-from queues.jobs import ARQ_START_WINDOW_S, Answer, Chunk, JobSpec, JobStore
+from queues.jobs import ARQ_START_WINDOW_S, Answer, Chunk, JobLeases, JobSpec, JobStore
 from queues.keys import Keys
 from queues.messages import SamplingOptions
 from queues.replies import ReplyRouter
@@ -43,6 +43,8 @@ log = logging.getLogger("tailcut.jobs")
 
 # How long start-up waits for the reply-channel subscription.
 SUBSCRIBE_WAIT_S = 5.0
+# A jobs process renews its lease this often; it lapses after ``JobLeases.LEASE_BEATS`` of them.
+LEASE_BEAT_S = 1.0
 # Rounds of shortening the chunk answers until the combining prompt fits the context.
 MAX_FIT_ROUNDS = 8
 
@@ -67,6 +69,26 @@ class JobRunner:
         self.admitter = admitter
         self.store = JobStore(redis, self.keys)
         self.metrics = JobsMetrics()
+        # arq keeps a started job's in-progress mark this long (its job timeout plus 10 s).
+        self.leases = JobLeases(
+            redis, self.keys, settings.jobs_runner_id, beat_s=LEASE_BEAT_S, in_progress_s=settings.jobs_timeout_s + 10
+        )
+
+    async def keep_leases(self) -> None:
+        """Renew this process's lease and run again, at once, the jobs of jobs processes that are gone
+        (until cancelled; then the lease is released, so others need not wait for it to lapse)."""
+        try:
+            while True:
+                try:
+                    await self.leases.renew()
+                    for job_id in await self.leases.reclaim():
+                        log_event(log, "job_reclaimed", logging.WARNING, job=job_id, why="its jobs process is gone")
+                except RedisError as exc:
+                    log_event(log, "job_lease_failed", logging.WARNING, error=str(exc))
+                await asyncio.sleep(LEASE_BEAT_S)
+        finally:
+            with contextlib.suppress(RedisError):
+                await self.leases.release()
 
     @property
     def model(self) -> ServedModel:
@@ -112,6 +134,7 @@ class JobRunner:
             done=sum(answer.ok for answer in answers.values()),
             failed=sum(not answer.ok for answer in answers.values()),
             attempt=attempt,
+            runner=self.settings.jobs_runner_id,
         )
         log_event(log, "job_started", job=job_id, chunks=len(chunks), resumed=len(answers), attempt=attempt)
         in_flight: set[str] = set()
@@ -134,6 +157,14 @@ class JobRunner:
             aborted = progress is not None and progress.abort_requested
             self.metrics.jobs.labels("aborted" if aborted else "stopped").inc()
             log_event(log, "job_stopped", job=job_id, cancelled_requests=len(in_flight), ms=_ms_since(started))
+            raise
+        except RedisError:
+            # Redis went away under the job: it is not the job's failure. arq runs it again (the
+            # answers kept so far are not asked again); if this process stops meanwhile, its lease
+            # lapses and another jobs process takes the job (``queues.jobs.JobLeases``).
+            await self._cancel(in_flight)
+            self.metrics.jobs.labels("stopped").inc()
+            log_event(log, "job_interrupted", logging.WARNING, job=job_id, ms=_ms_since(started))
             raise
         except Exception as exc:
             await self._cancel(in_flight)

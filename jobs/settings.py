@@ -29,9 +29,7 @@ class JobsSettings(AdmissionSettings, ReplySettings):
     jobs_chunk_lines: int = Field(50, ge=1, description="Log lines per chunk when a job names none.")
     jobs_max_tokens: int = Field(256, ge=1, description="Answer length per chunk (tokens) when a job names none.")
     jobs_max_chunks: int = Field(10_000, ge=1, description="Most chunks one job may have.")
-    jobs_timeout_s: float = Field(
-        6 * 3600.0, gt=0, description="Longest a job may run; also how long a killed jobs process holds its jobs."
-    )
+    jobs_timeout_s: float = Field(6 * 3600.0, gt=0, description="Longest a job may run (arq's job timeout).")
     jobs_result_ttl_s: int = Field(86_400, ge=60, description="How long a finished job's status and result are kept.")
     jobs_abort_wait_s: float = Field(
         5.0, ge=0, le=60, description="How long `DELETE /v1/jobs/{id}` waits for the job to stop."

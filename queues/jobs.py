@@ -26,8 +26,10 @@ from typing import Any, Literal, TypeVar, cast
 import orjson
 import redis.asyncio as aioredis
 from arq.connections import ArqRedis
+from arq.constants import in_progress_key_prefix
 from redis.asyncio import ConnectionPool
 
+from queues import scripts
 from queues.keys import Keys
 from tailcut.errors import JobFailedError
 
@@ -231,8 +233,11 @@ class JobStore:
         """Mark the job so its runner tells an abort apart from its jobs process stopping."""
         await _reply(self._redis.hset(self._keys.job(job_id), "abort_requested", "1"))
 
-    async def mark_running(self, job_id: str, *, done: int, failed: int, attempt: int) -> None:
-        mapping = {"status": "running", "done": done, "failed": failed, "attempt": attempt, "started_ms": now_ms()}
+    async def mark_running(self, job_id: str, *, done: int, failed: int, attempt: int, runner: str) -> None:
+        mapping = {
+            "status": "running", "done": done, "failed": failed, "attempt": attempt, "started_ms": now_ms(),
+            "runner": runner,
+        }  # fmt: skip
         await _reply(self._redis.hset(self._keys.job(job_id), mapping=mapping))
 
     async def set_status(self, job_id: str, status: JobStatus, *, error: str | None = None) -> None:
@@ -269,3 +274,65 @@ class JobStore:
             pipe.expire(key, ttl_s)
             pipe.delete(self._keys.job_chunks(job_id))
             await pipe.execute()
+
+
+# --- runner leases: a job held by a jobs process that is gone runs again at once ------------------------
+
+# Deletes a job's arq in-progress mark when the jobs process that holds it is gone, so arq runs the job
+# again now instead of after its in-progress timeout (the job's timeout, hours). KEYS: in-progress
+# mark, job record. ARGV: the runner lease key prefix, the mark's full life (ms), how old it must be
+# (ms) before it is judged: a run that has just started has not named its runner yet. Returns 1 when
+# the mark was dropped.
+RECLAIM_JOB = """
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl < 0 then return 0 end
+if tonumber(ARGV[2]) - ttl < tonumber(ARGV[3]) then return 0 end
+local runner = redis.call('HGET', KEYS[2], 'runner')
+if runner and redis.call('EXISTS', ARGV[1] .. runner) == 1 then return 0 end
+redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('HSET', KEYS[2], 'status', 'queued') end
+return 1
+"""
+
+# Jobs looked at per reclaim pass (the oldest in the queue).
+RECLAIM_SCAN = 1000
+
+
+class JobLeases:
+    """A jobs process's lease, renewed every ``beat_s`` and lasting ``LEASE_BEATS`` of them, and the
+    reclaim of jobs whose runner's lease is gone (killed, or stopped while Redis was away)."""
+
+    LEASE_BEATS = 5
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, runner_id: str, *, beat_s: float, in_progress_s: float):
+        self._redis = redis
+        self._keys = keys
+        self.runner_id = runner_id
+        self._beat_s = beat_s
+        self._in_progress_ms = int(in_progress_s * 1000)
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.LEASE_BEATS * self._beat_s * 1000)
+
+    async def renew(self) -> None:
+        await self._redis.set(self._keys.jobs_runner(self.runner_id), b"1", px=self.lease_ms)
+
+    async def release(self) -> None:
+        await self._redis.delete(self._keys.jobs_runner(self.runner_id))
+
+    async def reclaim(self) -> list[str]:
+        """Ids of the queued jobs whose in-progress mark named a runner without a lease, now runnable."""
+        members = await self._redis.zrangebyscore(self._keys.arq_queue, "-inf", "+inf", start=0, num=RECLAIM_SCAN)
+        reclaimed = []
+        for member in members:
+            job_id = member.decode() if isinstance(member, bytes) else str(member)
+            dropped = await scripts.run(
+                self._redis,
+                RECLAIM_JOB,
+                [in_progress_key_prefix + job_id, self._keys.job(job_id)],
+                [self._keys.jobs_runner(""), self._in_progress_ms, 2 * self.lease_ms],
+            )
+            if dropped:
+                reclaimed.append(job_id)
+        return reclaimed

@@ -125,6 +125,11 @@ class Keys:
         # answers 404 for jobs of other deployments) and by the job runner as chunks finish.
         return f"{self.prefix}job:{job_id}"
 
+    def jobs_runner(self, runner_id: str) -> str:
+        # A live jobs process's lease (expires unless renewed): a job whose in-progress mark names a
+        # runner without one is run again at once, not after arq's timeout (``queues.jobs.JobLeases``).
+        return f"{self.prefix}jobrunner:{runner_id}"
+
     def job_chunks(self, job_id: str) -> str:
         # Hash of a running job's finished chunk answers by index: a job that arq runs again (its
         # jobs process stopped) skips the chunks already answered.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -18,6 +19,7 @@ from jobs.prompts import chunk_messages
 from queues.jobs import split_chunks
 from queues.messages import SamplingSpec
 from queues.output import read_output
+from tailcut.processes import start_child
 from tests.conftest import TEST_MAX_MODEL_LEN
 from tests.stack import Stack, running_jobs, running_stack
 from workers.engines.vllm_engine import VllmEngine
@@ -195,3 +197,45 @@ async def test_submit_cli_prints_the_answers_and_ctrl_c_deletes_the_job(
                 assert f"job {job_id} aborted" in rest.decode()
                 view = (await client.get(f"{JOBS}/{job_id}")).json()
             assert view["status"] == "aborted"
+
+
+async def test_a_job_of_a_sigkilled_jobs_process_runs_again_within_seconds(
+    redis_url: str, tiny_model: Path, engine: VllmEngine, tmp_path: Path
+) -> None:
+    """arq holds a started job for its whole timeout (6 h by default) when its process dies; the dead
+    process's lease lapses within seconds and another jobs process takes the job, resuming it."""
+    body = {"lines": LINES[:40], "instruction": INSTRUCTION, "chunk_lines": 2, "max_tokens": 16, "ignore_eos": True}
+    async with running_stack(redis_url, tiny_model, engine, max_model_len=TEST_MAX_MODEL_LEN) as stack:
+        env = {
+            **os.environ,
+            "TAILCUT_REDIS_URL": redis_url,
+            "TAILCUT_KEY_PREFIX": stack.keys.prefix,
+            "TAILCUT_MODEL": str(tiny_model),
+            "TAILCUT_MAX_MODEL_LEN": str(TEST_MAX_MODEL_LEN),
+            "TAILCUT_JOBS_METRICS_PORT": "0",
+            "TAILCUT_JOBS_MAX_IN_FLIGHT": "2",
+        }
+        argv = [sys.executable, "-m", "tailcut", "jobs"]
+        first = start_child("jobs-1", argv, env, log_path=tmp_path / "jobs-1.log")
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
+            created = await client.post(JOBS, json=body)
+            assert created.status_code == 202, created.text
+            job_id = created.json()["id"]
+            deadline = time.monotonic() + 120
+            while (view := (await client.get(f"{JOBS}/{job_id}")).json())["progress"]["done"] < 2:
+                assert time.monotonic() < deadline and first.process.poll() is None, first.log_tail()
+                await asyncio.sleep(0.1)
+            first.process.kill()
+            first.process.wait(timeout=10)
+            killed_at = time.monotonic()
+            second = start_child("jobs-2", argv, env, log_path=tmp_path / "jobs-2.log")
+            try:
+                view = await wait_for_status(client, job_id, {"complete", "failed", "aborted"}, 180)
+            finally:
+                second.process.send_signal(signal.SIGTERM)
+                second.process.wait(timeout=30)
+    assert view["status"] == "complete", view
+    assert time.monotonic() - killed_at < 150
+    log = (tmp_path / "jobs-2.log").read_text()
+    assert "job_reclaimed" in log, log
+    assert f"job={job_id}" in log and "attempt=2" in log, log

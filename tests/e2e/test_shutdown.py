@@ -362,6 +362,13 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
             assert created.status_code == 202, created.text
             tasks = [asyncio.create_task(stream(index)) for index in range(4)]
             await until(lambda: all(len(reply.token_ids) >= 10 for reply in replies), "the streams did not start")
+            # The job is running too: the stop catches it mid-run, as it catches the streams.
+            job_url = f"/v1/jobs/{created.json()['id']}"
+            for _ in range(300):
+                if (await client.get(job_url)).json()["status"] == "running":
+                    break
+                await asyncio.sleep(0.05)
+            assert (await client.get(job_url)).json()["status"] == "running"
             stack.terminate()
             terminated_at = time.monotonic()
             async with asyncio.timeout(30):
@@ -393,7 +400,8 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
     assert view["status"] == "complete", view
     assert view["progress"] == {"done": 4, "failed": 0, "total": 4}
     assert all(chunk["completion_tokens"] == 200 for chunk in view["result"]["chunks"])
-    # The restarted jobs process ran the job to its end (the first one handed it back when stopped).
+    # The restarted jobs process ran the job to its end: the first one handed it back when stopped, or,
+    # when Redis was gone before it could, its lease lapsed and the new one took the job at once.
     assert 'tailcut_jobs_total{status="complete"} 1.0' in jobs_metrics
 
 
