@@ -365,10 +365,11 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
             # The job is running too: the stop catches it mid-run, as it catches the streams.
             job_url = f"/v1/jobs/{created.json()['id']}"
             for _ in range(300):
-                if (await client.get(job_url)).json()["status"] == "running":
+                # An answer may be a 503 on these two busy cores: ask again.
+                if (view := (await client.get(job_url)).json()).get("status") == "running":
                     break
                 await asyncio.sleep(0.05)
-            assert (await client.get(job_url)).json()["status"] == "running"
+            assert view.get("status") == "running", view
             stack.terminate()
             terminated_at = time.monotonic()
             async with asyncio.timeout(30):
