@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from api.responses import OrjsonResponse
 from api.state import ApiState
+from api.status import live_workers
 from queues.breakers import STATE_VALUES, read_breakers
 
 router = APIRouter()
@@ -29,12 +30,18 @@ async def readyz(request: Request) -> OrjsonResponse:
     problems: list[str] = []
     workers = 0
     breakers: dict[str, dict[str, str | int]] = {}
+    warmup: dict[str, object] = {}
     try:
         await state.redis.ping()
         breakers = {tier: view.as_dict() for tier, view in (await read_breakers(state.redis, state.keys)).items()}
         # Each worker's score is the time until which its last beat vouches for it (its own
         # heartbeat interval decides; see ``queues.keys.Keys.workers``).
         workers = int(await state.redis.zcount(state.keys.workers, time.time(), "+inf"))
+        # Each live worker's cold-start stage (1, 2, 3) and the share of its capacity open.
+        warmup = {
+            worker["id"]: {"stage": worker.get("warmup_stage"), "capacity": worker.get("capacity")}
+            for worker in await live_workers(state.redis, state.keys)
+        }
     except RedisError as exc:
         problems.append(f"redis: {exc}")
     if state.drain.draining:
@@ -51,6 +58,7 @@ async def readyz(request: Request) -> OrjsonResponse:
         "model": state.model.name,
         "problems": problems,
         "breakers": breakers,
+        "warmup": warmup,
     }
     return OrjsonResponse(body, status_code=200 if not problems else 503)
 

@@ -158,8 +158,10 @@ async def live_workers(redis: aioredis.Redis, keys: Keys) -> list[dict[str, Any]
     workers = []
     for worker_id, info in zip(ids, infos, strict=True):
         fields = {key.decode(): value.decode() for key, value in info.items()}
-        for name in ("running", "waiting", "token_budget", "kv_capacity_tokens", "beat_ms"):
+        for name in ("running", "waiting", "token_budget", "kv_capacity_tokens", "beat_ms", "warmup_stage"):
             if name in fields:
                 fields[name] = int(fields[name])  # type: ignore[assignment]
+        if "capacity" in fields:
+            fields["capacity"] = float(fields["capacity"])  # type: ignore[assignment]
         workers.append({"id": worker_id, **fields})
     return sorted(workers, key=lambda worker: worker["id"])

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.stack import STEADY_STATE
 from tailcut.errors import ConfigError
 from tailcut.processes import (
     Child,
@@ -59,6 +60,7 @@ class ChaosStack:
     def _env(self, **extra: str) -> dict[str, str]:
         return {
             **os.environ,
+            **STEADY_STATE,
             **self.env,
             "TAILCUT_REDIS_URL": self.redis_url,
             "TAILCUT_MODEL": str(self.model_dir),

@@ -43,6 +43,11 @@ class RunningStack:
         return next((child.log_path for child in self.children if child.name == name), None)
 
 
+# The benchmarks measure a worker in steady state: no cold-start ramp (``warmup.ramp``), unless a
+# benchmark's own ``env`` sets one.
+STEADY_STATE = {"TAILCUT_WARMUP__STAGE1_S": "0", "TAILCUT_WARMUP__STAGE2_S": "0"}
+
+
 @contextlib.contextmanager
 def tailcut_stack(
     model_dir: Path,
@@ -60,7 +65,7 @@ def tailcut_stack(
     (``worker-TAG.log`` with a ``log_tag``). Everything is stopped on exit, API first."""
     suffix = f"-{log_tag}" if log_tag else ""
     with private_redis() as redis:
-        base = {**os.environ, **env, "TAILCUT_REDIS_URL": redis.url, "TAILCUT_MODEL": str(model_dir)}
+        base = {**os.environ, **STEADY_STATE, **env, "TAILCUT_REDIS_URL": redis.url, "TAILCUT_MODEL": str(model_dir)}
         port = free_port()
         children: list[Child] = []
         try:

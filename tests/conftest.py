@@ -10,6 +10,11 @@ import redis
 
 from tailcut.models import build_tiny
 
+# Workers in tests open their whole capacity at once: the cold-start ramp (warmup.ramp) is off unless a test
+# sets its own durations (tests/e2e/test_warmup.py). Set before any settings are read; subprocesses inherit it.
+os.environ.setdefault("TAILCUT_WARMUP__STAGE1_S", "0")
+os.environ.setdefault("TAILCUT_WARMUP__STAGE2_S", "0")
+
 REDIS_URL = os.environ.get("TAILCUT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # Small KV cache for the shared test engine: 16 MiB holds 2,048 tokens of the tiny model (8 KiB each).
 TEST_KV_CACHE_BYTES = 64 * 1024 * 1024

@@ -1,4 +1,2 @@
-"""Cold start and warmup: staged capacity, prefix warmup from a Q&A set, LRU-K answer cache.
-
-Nothing here yet; DESIGN.md "Warmup" describes what this package will own.
-"""
+"""Cold start and warmup: the staged capacity ramp of a starting worker (``ramp``); prefix warmup from a
+Q&A set and the LRU-K answer cache are still to come (DESIGN.md "Warmup")."""

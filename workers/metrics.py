@@ -67,6 +67,16 @@ class WorkerCollector(Collector):
         if budget is not None:
             yield gauge("tailcut_worker_token_budget_tokens", "The engine's per-step token budget in force.", budget)
         yield gauge(
+            "tailcut_worker_warmup_stage",
+            "Cold-start stage: 1 (10% of the capacity open), 2 (growing in 20% steps), 3 (all open).",
+            worker.warmup_stage,
+        )
+        yield gauge(
+            "tailcut_worker_capacity_ratio",
+            "Share of the capacity the cold-start ramp has open.",
+            worker.capacity_fraction,
+        )
+        yield gauge(
             "tailcut_worker_step_seconds", "Smoothed time of one engine step (decode iteration).", worker.step_ms / 1000
         )
         yield gauge(

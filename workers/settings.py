@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from queues.keys import BUCKETS, Bucket
 from tailcut.settings import CommonSettings
+from warmup.ramp import RampSchedule
 from workers.breakers import BreakerConfig
 from workers.budget import BudgetConfig
 from workers.degrade import DegradeConfig
@@ -244,6 +245,26 @@ class BreakerSettings(BaseModel):
         return BreakerConfig(**self.model_dump())
 
 
+_RAMP = RampSchedule()
+
+
+class WarmupSettings(BaseModel):
+    """The staged cold start of a worker (``TAILCUT_WARMUP__NAME``); see ``warmup.ramp``."""
+
+    stage1_s: float = Field(
+        _RAMP.stage1_s, ge=0, description="Stage 1: the model is loaded and 10% of the capacity is open this long."
+    )
+    stage2_s: float = Field(
+        _RAMP.stage2_s,
+        ge=0,
+        description="Stage 2: the capacity grows in 20% steps over this long; then everything is open (both 0: "
+        "no ramp).",
+    )
+
+    def ramp(self) -> RampSchedule:
+        return RampSchedule(stage1_s=self.stage1_s, stage2_s=self.stage2_s)
+
+
 class WorkerSettings(CommonSettings):
     # A worker waits out a slow Redis rather than failing requests (the API's 0.5 s is for its 503).
     redis_timeout_s: float = Field(5.0, gt=0, le=60, description="Timeout of a worker's non-blocking Redis calls.")
@@ -291,6 +312,7 @@ class WorkerSettings(CommonSettings):
     scheduler: SchedulerSettings = Field(default_factory=lambda: SchedulerSettings())
     degrade: DegradeSettings = Field(default_factory=lambda: DegradeSettings())
     breakers: BreakerSettings = Field(default_factory=lambda: BreakerSettings())
+    warmup: WarmupSettings = Field(default_factory=lambda: WarmupSettings())
 
     @model_validator(mode="after")
     def _check_reclaim(self) -> WorkerSettings:

@@ -104,6 +104,9 @@ class Worker:
         }
         self._step = StepTimer()
         self._budget = BudgetFollower(None)
+        # The staged cold start (``warmup.ramp``), counted from when the worker starts serving.
+        self._ramp = settings.warmup.ramp()
+        self._serving_since: float | None = None
         # Ids of the requests this worker brought to a terminal state, newest last (bounded).
         self.served_ids: deque[str] = deque(maxlen=SERVED_IDS_KEPT)
         self.stolen_ids: deque[str] = deque(maxlen=SERVED_IDS_KEPT)
@@ -136,6 +139,23 @@ class Worker:
     def kv_capacity_tokens(self) -> int:
         return self._engine.kv_capacity_tokens
 
+    def _ramp_elapsed_s(self) -> float:
+        return 0.0 if self._serving_since is None else time.monotonic() - self._serving_since
+
+    @property
+    def warmup_stage(self) -> int:
+        return self._ramp.stage(self._ramp_elapsed_s())
+
+    @property
+    def capacity_fraction(self) -> float:
+        """Share of its capacity the worker has open (the cold-start ramp)."""
+        return self._ramp.fraction(self._ramp_elapsed_s())
+
+    @property
+    def running_capacity(self) -> int:
+        """Requests the engine may run at once now: ``num_running_max`` scaled by the ramp."""
+        return self._ramp.capacity(self._ramp_elapsed_s(), self._settings.num_running_max)
+
     def requests_by_tier(self) -> dict[Tier, tuple[int, int]]:
         """(running, waiting here) per tier."""
         counts = {tier: [0, 0] for tier in TIERS}
@@ -158,6 +178,8 @@ class Worker:
             "quantization": engine.quantization or "",
             "home_buckets": ",".join(self._settings.home_buckets),
             "state": "draining" if self._stopping.is_set() else "serving",
+            "warmup_stage": self.warmup_stage,
+            "capacity": round(self.capacity_fraction, 2),
             "running": sum(running for running, _ in by_tier.values()),
             "waiting": sum(waiting for _, waiting in by_tier.values()),
             "token_budget": self.token_budget or 0,
@@ -186,6 +208,7 @@ class Worker:
             log_event(log, "engine_budget_control", enabled=applied is not None)
         self._writer.start()
         await self._take_over_own()
+        self._serving_since = time.monotonic()
         helpers = [
             asyncio.create_task(self._heartbeat(), name="worker-heartbeat"),
             asyncio.create_task(self._listen_for_cancels(), name="worker-cancels"),
@@ -245,7 +268,9 @@ class Worker:
         Per tier: ``prefetch`` minus what waits here at that tier or a more urgent one, so a queue
         full of background work never keeps a realtime request in Redis.
         """
-        prefetch = self._settings.scheduler.prefetch
+        # A ramping worker reads ahead no more than its open share (a new worker in a busy pool would
+        # otherwise take a whole batch of the backlog and serve it slowly).
+        prefetch = self._ramp.capacity(self._ramp_elapsed_s(), self._settings.scheduler.prefetch)
         room_of = {tier: self.scheduler.prefetch_room(tier, prefetch) for tier in TIERS}
         return {stream: room_of[tier] for stream, (tier, _bucket) in self._stream_of.items()}
 
@@ -283,7 +308,7 @@ class Worker:
                 self._accept(entry)
 
     def _has_spare_capacity(self) -> bool:
-        return self.scheduler.num_waiting == 0 and len(self._tasks) < self._settings.num_running_max
+        return self.scheduler.num_waiting == 0 and len(self._tasks) < self.running_capacity
 
     async def _take(self, streams: list[str], rooms: dict[str, int]) -> list[IntakeEntry]:
         taken: list[IntakeEntry] = []
@@ -308,7 +333,7 @@ class Worker:
     def view(self) -> EngineView:
         return engine_view(
             self.scheduler,
-            max_running=self._settings.num_running_max,
+            max_running=self.running_capacity,
             kv_capacity_tokens=self._engine.kv_capacity_tokens or 1 << 40,
             backlog=self._backlog,
             step_ms=self._step.value_ms,
@@ -346,7 +371,12 @@ class Worker:
                 task.cancel()
         if decision.admit:
             self._room.set()
-        budget = self._budget.update(decision.token_budget)
+        token_budget = decision.token_budget
+        if token_budget is not None and self.capacity_fraction < 1.0:
+            scheduler = self._settings.scheduler
+            ramped = self._ramp.capacity(self._ramp_elapsed_s(), scheduler.max_budget_tokens)
+            token_budget = min(token_budget, max(scheduler.min_budget_tokens, ramped))
+        budget = self._budget.update(token_budget)
         if budget is not None:
             await self._engine.set_token_budget(budget)
 

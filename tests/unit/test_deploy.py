@@ -682,6 +682,8 @@ class _IdleWorker:
     token_budget = 1024
     step_ms = 0.0
     kv_capacity_tokens = 0
+    warmup_stage = 3
+    capacity_fraction = 1.0
     num_preempted = num_yielded = num_engine_calls = num_degraded = 0
     outcomes: typing.ClassVar[dict[str, int]] = {}
     breakers = types.SimpleNamespace(views={})
