@@ -15,6 +15,7 @@ from admission.request import ServedModel
 from admission.shedding import Backlog
 from admission.tokenizer import PromptTokenizer
 from api import debug, errors, health, jobs_routes, openai_routes, replay, status_routes
+from api.answers import AnswerCache, model_identity
 from api.metrics import ApiMetrics
 from api.settings import ApiSettings
 from api.shutdown import Drain
@@ -22,6 +23,7 @@ from api.state import ApiState
 from api.status import StatusWindow
 from jobs.settings import JobsSettings
 from queues import events
+from queues.answers import AnswerStore
 from queues.connection import check_redis, connect, connect_blocking
 from queues.jobs import connect_arq
 from queues.keys import Keys
@@ -66,6 +68,10 @@ def create_app(
         metrics.watch_queues(backlog)
         status = StatusWindow(metrics.exposed, window_s=settings.status_window_s)
         status.start()
+        answers = None
+        if settings.cache_enabled:
+            store = AnswerStore(redis, keys, settings.cache_config())
+            answers = AnswerCache(store, model_identity(model.name, folder), metrics.registry)
         state = ApiState(
             settings=settings,
             keys=keys,
@@ -79,6 +85,7 @@ def create_app(
             drain=Drain(settings.shutdown_grace_s),
             metrics=metrics,
             status=status,
+            answers=answers,
         )
         app.state.tailcut = state
 

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import orjson
 from fastapi import APIRouter, Depends, Request
@@ -13,6 +14,7 @@ from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from admission.request import DEFAULT_TENANT, ChatPrompt, GenerationRequest, Prompt, TextPrompt, TokenPrompt
+from api.answers import Recorder, cached_batches
 from api.auth import check_auth, get_state
 from api.errors import error_response
 from api.render import renderer_for
@@ -23,7 +25,7 @@ from api.shutdown import resume_hint
 from api.state import ApiState
 from api.streaming import ClientGone, collect, event_stream, leave, reply_batches, until_disconnect
 from queues import requests
-from queues.messages import RequestMessage, SamplingOptions
+from queues.messages import OutputEvent, RequestMessage, SamplingOptions
 from queues.replies import ReplyStream
 from queues.requests import RequestRecord, Route
 from tailcut.errors import InvalidRequestError, OverloadedError, ServiceUnavailableError, TailcutError
@@ -118,17 +120,18 @@ def generation_request(
     )
 
 
-async def submit(
-    state: ApiState, generation: GenerationRequest, record: RequestRecord, *, idempotency_key: str | None = None
-) -> tuple[RequestMessage, ReplyStream]:
-    """Admit (or refuse: 400, 404, 429), register the reply stream, then store the request's record
-    and enqueue it: accepted once the XADD returns."""
+async def admit(state: ApiState, generation: GenerationRequest, record: RequestRecord) -> RequestMessage:
+    """Admit the request or refuse it (400, 404, 429)."""
     try:
-        message = await state.admitter.admit(generation, request_id=record.id)
+        return await state.admitter.admit(generation, request_id=record.id)
     except OverloadedError as exc:
         state.metrics.shed.labels(exc.tier).inc()
         raise
-    message.idempotency_key = idempotency_key
+
+
+async def enqueue(state: ApiState, message: RequestMessage, record: RequestRecord) -> ReplyStream:
+    """Register the reply stream, then store the request's record and enqueue it: accepted once the
+    XADD returns."""
 
     async def alive() -> bool:  # its record is stored with its intake entry, in one step
         return bool(await state.redis.exists(state.keys.request(message.id)))
@@ -140,7 +143,14 @@ async def submit(
         stream.close()
         raise ServiceUnavailableError(f"the request queue (Redis) does not answer: {exc}") from exc
     state.backlog.admitted(message.tier)
-    return message, stream
+    return stream
+
+
+async def recorded(batches: AsyncIterator[list[OutputEvent]], recorder: Recorder) -> AsyncIterator[list[OutputEvent]]:
+    """``batches``, each shown to ``recorder`` first (the answer cache keeps a reply it admitted)."""
+    async for batch in batches:
+        recorder.on_batch(batch)
+        yield batch
 
 
 async def respond(
@@ -168,8 +178,15 @@ async def respond(
         holder = await claim_key(state, record, idempotency_key)
         if holder is not None:
             return await replay(state, request, holder, stream=body.stream, fingerprint=record.fingerprint)
+    cached: bytes | None = None
     try:
-        message, stream = await submit(state, generation, record, idempotency_key=idempotency_key)
+        message = await admit(state, generation, record)
+        message.idempotency_key = idempotency_key
+        found = await state.answers.lookup(message) if state.answers is not None else None
+        if found is not None and found[1].result == "hit":
+            cached = found[1].reply
+        else:
+            stream = await enqueue(state, message, record)
     except TailcutError:
         if idempotency_key is not None:
             with contextlib.suppress(RedisError):
@@ -178,15 +195,27 @@ async def respond(
     renderer = renderer_for(record)
     tracker = state.metrics.track(message, state.admitter)
     headers = {REQUEST_ID_HEADER: message.id}
+    if cached is not None:
+        # Answered from the cache: nothing was enqueued, so nothing is cancelled if the client leaves.
+        renderer.marker = {"cache": "hit"}
+        batches = cached_batches(message.id, cached)
+        if body.stream:
+            frames = event_stream(
+                state, message.id, batches, renderer, tracker=tracker, opening=True, resumable=False, enqueued=False
+            )
+            return EventStreamResponse(frames, headers=headers)
+        return OrjsonResponse(await collect(batches, renderer, tracker), headers=headers)
+    batches = reply_batches(stream)
+    if found is not None and found[1].result == "admit" and state.answers is not None:
+        batches = recorded(batches, state.answers.recorder(found[0], found[1].score, state.spawn))
     if body.stream:
         frames = event_stream(
-            state, message.id, reply_batches(stream), renderer, tracker=tracker, opening=True,
-            resumable=record.resumable,
-        )  # fmt: skip
+            state, message.id, batches, renderer, tracker=tracker, opening=True, resumable=record.resumable
+        )
         return EventStreamResponse(frames, headers=headers)
     try:
         async with state.drain.bounded():
-            whole = await until_disconnect(request, collect(reply_batches(stream), renderer, tracker))
+            whole = await until_disconnect(request, collect(batches, renderer, tracker))
     except TimeoutError:
         # This process is stopping and its grace time is up: the request runs on, readable elsewhere.
         return error_response(resume_hint(message.id, stream=False), headers=headers)

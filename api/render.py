@@ -22,6 +22,8 @@ class Renderer:
         self.created = int(time.time())
         self.return_token_ids = return_token_ids
         self.include_usage = include_usage
+        # Added to the final chunk's (or the whole body's) ``tailcut`` object: ``{"cache": "hit"}``.
+        self.marker: dict[str, Any] | None = None
 
     def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -44,8 +46,8 @@ class Renderer:
     def finish(self, event: OutputEvent) -> dict[str, Any]:
         """The final chunk; a degraded reply says so in its ``tailcut`` object."""
         chunk = self._chunk(self.empty_choice(event.finish_reason))
-        if event.degraded:
-            chunk["tailcut"] = event.degraded
+        if event.degraded or self.marker:
+            chunk["tailcut"] = {**(event.degraded or {}), **(self.marker or {})}
         return chunk
 
     def notice(self, event: OutputEvent) -> dict[str, Any]:
@@ -81,8 +83,8 @@ class Renderer:
             "choices": [choice],
             "usage": usage(final),
         }
-        if final.degraded:
-            body["tailcut"] = final.degraded
+        if final.degraded or self.marker:
+            body["tailcut"] = {**(final.degraded or {}), **(self.marker or {})}
         return body
 
 

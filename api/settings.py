@@ -11,9 +11,11 @@ from pydantic import Field
 
 from admission.settings import AdmissionSettings
 from api.metrics import SloTargets
+from queues.answers import CacheConfig
 from tailcut.settings import ReplySettings
 
 _SLO = SloTargets()
+_CACHE = CacheConfig()
 
 
 def default_api_id() -> str:
@@ -37,6 +39,19 @@ class ApiSettings(AdmissionSettings, ReplySettings):
     )
     status_window_s: float = Field(
         300.0, ge=10, le=86400, description="The status page's figures cover the last this many seconds."
+    )
+    cache_enabled: bool = Field(
+        True, description="Answer exact repeats of deterministic requests from the answer cache (LRU-K in Redis)."
+    )
+    cache_k: int = Field(
+        _CACHE.k, ge=1, le=16, description="A reply is cached on its key's K-th reference within the history window."
+    )
+    cache_history_s: float = Field(
+        _CACHE.history_s, gt=0, description="How long a reference counts towards a key's admission to the cache."
+    )
+    cache_ttl_s: float = Field(_CACHE.ttl_s, gt=0, description="How long a cached reply stays valid.")
+    cache_max_entries: int = Field(
+        _CACHE.max_entries, ge=1, description="Most cached replies; past it the oldest K-th reference goes first."
     )
     slo_realtime_ttft_ms: int = Field(
         int(_SLO.realtime_ttft_s * 1000), ge=0, description="Realtime SLO: time to first token (0: no target)."
@@ -88,6 +103,11 @@ class ApiSettings(AdmissionSettings, ReplySettings):
     shed_probe_interval_s: float = Field(
         0.1, gt=0, le=10, description="How often the API reads the intake streams' backlog for shedding."
     )
+
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig(
+            k=self.cache_k, history_s=self.cache_history_s, ttl_s=self.cache_ttl_s, max_entries=self.cache_max_entries
+        )
 
     def slo_targets(self) -> SloTargets:
         return SloTargets(

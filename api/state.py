@@ -13,6 +13,7 @@ from arq.connections import ArqRedis
 from admission.admitter import Admitter
 from admission.request import ServedModel
 from admission.shedding import Backlog
+from api.answers import AnswerCache
 from api.metrics import ApiMetrics
 from api.settings import ApiSettings
 from api.shutdown import Drain
@@ -38,6 +39,8 @@ class ApiState:
     metrics: ApiMetrics
     # The status page's window over the metrics (``api.status``).
     status: StatusWindow
+    # The answer cache of deterministic requests (None: TAILCUT_CACHE_ENABLED=false).
+    answers: AnswerCache | None
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @property

@@ -68,6 +68,7 @@ async def event_stream(
     tracker: RequestTracker | None,
     opening: bool,
     resumable: bool,
+    enqueued: bool = True,
 ) -> AsyncIterator[bytes]:
     finished = handed_off = False
     last_seq: int | None = None
@@ -101,7 +102,7 @@ async def event_stream(
         yield sse(error_body_of(ServiceUnavailableError(f"the output store does not answer ({exc}); resume later")))
     finally:
         state.metrics.open_streams.dec()
-        if not finished and not handed_off:
+        if not finished and not handed_off and enqueued:
             # The client left. Sent from a detached task because this generator is being cancelled.
             state.spawn(leave(state, request_id, resumable=resumable))
         await aclose(batches)

@@ -114,6 +114,19 @@ class Keys:
         # Lock that lets one worker per interval evaluate the window rules for all.
         return f"{self.prefix}breaker:evaluation"
 
+    def answer(self, digest: str) -> str:
+        # A cached reply of a deterministic request (``queues.answers``): model identity, newline, reply.
+        return f"{self.prefix}ans:e:{digest}"
+
+    def answer_history(self, digest: str) -> str:
+        # List of the last K reference times (ms) of an answer-cache key, newest first.
+        return f"{self.prefix}ans:h:{digest}"
+
+    @property
+    def answer_index(self) -> str:
+        # Sorted set of the cached answers' keys scored by their K-th most recent reference: eviction order.
+        return f"{self.prefix}ans:index"
+
     @property
     def arq_queue(self) -> str:
         # arq's queue of batch jobs (a sorted set; arq adds ``:health-check``). arq's own per-job keys

@@ -10,10 +10,14 @@ import redis
 
 from tailcut.models import build_tiny
 
-# Workers in tests open their whole capacity at once: the cold-start ramp (warmup.ramp) is off unless a test
-# sets its own durations (tests/e2e/test_warmup.py). Set before any settings are read; subprocesses inherit it.
+# Tests run the pipeline in steady state: workers open their whole capacity at once (the cold-start ramp,
+# warmup.ramp, is off) and every request reaches a worker (the answer cache, api.answers, is off; tests
+# that compare repeated greedy requests or count executions rely on it). Tests of either turn it on
+# (tests/e2e/test_warmup.py, tests/e2e/test_answer_cache.py). Set before any settings are read;
+# subprocesses inherit it.
 os.environ.setdefault("TAILCUT_WARMUP__STAGE1_S", "0")
 os.environ.setdefault("TAILCUT_WARMUP__STAGE2_S", "0")
+os.environ.setdefault("TAILCUT_CACHE_ENABLED", "false")
 
 REDIS_URL = os.environ.get("TAILCUT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # Small KV cache for the shared test engine: 16 MiB holds 2,048 tokens of the tiny model (8 KiB each).

@@ -493,7 +493,7 @@ async def test_api_worker_and_jobs_process_serve_through_their_own_users(
     the background loops (heartbeats, take-over scans, breaker evaluation, the backlog probe) and
     shutdown left nothing in the ACL log."""
     model = {"model": str(tiny_model), "max_model_len": TEST_MAX_MODEL_LEN}
-    api_settings = ApiSettings(redis_url=acl_redis.url("api"), **model)  # type: ignore[arg-type]
+    api_settings = ApiSettings(redis_url=acl_redis.url("api"), cache_enabled=True, **model)  # type: ignore[arg-type]
     api_jobs = JobsSettings(redis_url=acl_redis.url("api"), **model)  # type: ignore[arg-type]
     worker_settings = WorkerSettings(
         redis_url=acl_redis.url("worker"),
@@ -528,6 +528,17 @@ async def test_api_worker_and_jobs_process_serve_through_their_own_users(
                     assert response.status_code == 200, await response.aread()
                     payloads = [payload async for _id, payload in sse_frames(response)]
                 assert payloads[-1] == DONE and not any("error" in p for p in payloads if isinstance(p, dict)), payloads
+
+            # The answer cache: the second greedy repeat is stored, the third is a hit.
+            greedy = {**body, "stream": False, "temperature": 0, "prompt": [9, 8, 7]}
+            for attempt in range(3):
+                answer = await client.post("/v1/completions", json=greedy)
+                assert answer.status_code == 200, answer.text
+                if attempt == 1:
+                    await wait_until(
+                        lambda: admin.zcard(KEYS.answer_index), timeout_s=5, what="the repeat's reply stored"
+                    )
+            assert answer.json().get("tailcut") == {"cache": "hit"}, answer.json()
 
             headers = {"Idempotency-Key": "acl-1"}
             first = await client.post("/v1/completions", json={**body, "stream": False}, headers=headers)

@@ -1,0 +1,92 @@
+"""The answer cache end to end on the real engine (CPU, tiny model), read by the ``openai`` client: the
+K-th repeat of a deterministic request is stored, the next is served without the engine and is the same
+reply but for its ``tailcut`` marker; another tenant never gets it; a sampled request is never cached."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.stack import running_stack
+from workers.engines.vllm_engine import VllmEngine
+
+pytestmark = pytest.mark.engine
+
+MESSAGES = [{"role": "user", "content": "What are your opening hours?"}]
+
+
+async def streamed(client: AsyncOpenAI, **extra: Any) -> list[dict[str, Any]]:
+    stream = await client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+        **extra,
+    )
+    return [chunk.to_dict() async for chunk in stream]
+
+
+def comparable(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chunks without what differs between two requests anyway (id, time) or marks a cached reply."""
+    return [{key: value for key, value in chunk.items() if key not in ("id", "created", "tailcut")} for chunk in chunks]
+
+
+def content(chunks: list[dict[str, Any]]) -> str:
+    return "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks if chunk["choices"])
+
+
+async def test_a_repeated_greedy_request_is_answered_from_the_cache_as_the_engine_answered_it(
+    redis_url: str, tiny_model: Path, engine: VllmEngine
+) -> None:
+    async with running_stack(redis_url, tiny_model, engine, cache_enabled=True) as stack:
+        (worker,) = stack.workers
+        client = AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="unused")
+        greedy = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+        first = await streamed(client, **greedy)
+        second = await streamed(client, **greedy)  # the K-th (2nd) reference: generated, then stored
+        async with asyncio.timeout(10):
+            # A reply reaches its client before its worker counts it, and before the API stores it.
+            while len(worker.served_ids) < 2 or not await stack.redis.zcard(stack.keys.answer_index):
+                await asyncio.sleep(0.02)
+        served_before = len(worker.served_ids)
+        third = await streamed(client, **greedy)  # a hit
+        whole = await client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=12,
+            temperature=0,
+            extra_body={"ignore_eos": True},  # type: ignore[arg-type]
+        )
+        assert len(worker.served_ids) == served_before == 2, "the hits reached a worker"
+        other_tenant = await streamed(client, **greedy, user="another-tenant")
+        sampled = [await streamed(client, temperature=1.0) for _ in range(3)]
+        async with asyncio.timeout(10):
+            while len(worker.served_ids) < 2 + 1 + 3:
+                await asyncio.sleep(0.02)
+        assert len(worker.served_ids) == 2 + 1 + 3, "another tenant's and sampled requests all run"
+        async with httpx.AsyncClient(base_url=stack.base_url) as http:
+            metrics = (await http.get("/metrics")).text
+    assert comparable(third) == comparable(second), "the cached reply differs from the one it stored"
+    assert [chunk.get("tailcut") for chunk in third if chunk.get("tailcut")] == [{"cache": "hit"}]
+    assert not any(chunk.get("tailcut") for chunk in second + other_tenant)
+    text = content(second)
+    assert whole.choices[0].message.content == text and text
+    assert (whole.model_extra or {}).get("tailcut") == {"cache": "hit"}
+    assert whole.usage is not None and whole.usage.completion_tokens == 12
+    assert content(other_tenant) == content(first) == text, "same model, same greedy answer, but generated"
+    lookups = {
+        (sample.labels["result"]): sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "tailcut_answer_cache_lookups_total" and sample.labels["tier"] == "normal"
+    }
+    # first: miss; second: admit; third and the whole body: hits; the other tenant's: a miss of its own key.
+    assert lookups == {"miss": 2, "admit": 1, "hit": 2, "stale": 0}, lookups
+    assert len(sampled) == 3
