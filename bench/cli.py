@@ -258,6 +258,33 @@ def _add_vs_vllm_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentP
     vs_vllm.add_argument("--out", help="folder for vs_vllm.json, the plot and the servers' logs")
     vs_vllm.set_defaults(func=cmd_vs_vllm)
 
+    cache = bench_sub.add_parser(
+        "cache",
+        help="LIVE: the answer cache on greedy traffic with exact repeats, against the cache off (real engine)",
+        description="Runs one open-loop trace of greedy requests, REPEAT_SHARE of them exact repeats of the first "
+        "POPULAR questions (Zipf weights), through tailcut twice: answer cache off, then on, each on a fresh "
+        "Redis and worker. Reports the hit rate and TTFT (all requests and the repeats), on / off.",
+    )
+    cache.add_argument("--model", default="smollm2", help="model folder or `smollm2` (default, embedded)")
+    cache.add_argument("--requests", type=int, default=200, help="requests in the trace")
+    cache.add_argument("--rate", type=float, default=2.0, help="requests per second (Poisson)")
+    cache.add_argument("--repeat-share", dest="repeat_share", type=float, default=0.3, help="share of exact repeats")
+    cache.add_argument("--popular", type=int, default=20, help="distinct questions the repeats are drawn from")
+    cache.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, default=48, help="prompt tokens")
+    cache.add_argument("--tokens", type=int, default=32, help="output tokens per request (ignore_eos)")
+    cache.add_argument("--max-model-len", dest="max_model_len", type=int, default=2048)
+    cache.add_argument("--seed", type=int, default=0, help="trace seed")
+    cache.add_argument("--timeout-s", dest="timeout_s", type=float, default=600.0, help="limit of each side")
+    cache.add_argument("--out", help="folder for cache.json and the processes' logs")
+    cache.set_defaults(func=cmd_cache)
+
+
+@starts_servers
+def cmd_cache(args: argparse.Namespace) -> None:
+    from bench import cache
+
+    cache.command(args)
+
 
 @starts_servers
 def cmd_vs_vllm(args: argparse.Namespace) -> None:

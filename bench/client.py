@@ -47,7 +47,9 @@ def prompt_token_ids(index: int, num_tokens: int, *, salt: int = 0) -> list[int]
 def completion_body(model: str, arrival: Arrival, *, salt: int = 0) -> dict[str, Any]:
     return {
         "model": model,
-        "prompt": prompt_token_ids(arrival.index, arrival.prompt_tokens, salt=salt),
+        "prompt": prompt_token_ids(
+            arrival.index if arrival.prompt_of is None else arrival.prompt_of, arrival.prompt_tokens, salt=salt
+        ),
         "max_tokens": arrival.output_tokens,
         "ignore_eos": True,
         "temperature": 0,

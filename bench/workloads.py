@@ -142,6 +142,8 @@ class Arrival:
     tenant: str
     prompt_tokens: int
     output_tokens: int
+    # An exact repeat of an earlier request sends that one's prompt (``bench.client.prompt_token_ids``).
+    prompt_of: int | None = None
 
 
 def draw_requests(workload: Workload, count: int, rng: np.random.Generator) -> list[Arrival]:
