@@ -236,7 +236,7 @@ async def load(client: httpx.AsyncClient) -> int:
         if view["status"] in ("complete", "failed", "aborted"):
             break
         await asyncio.sleep(0.1)
-    assert view["status"] == "complete", view
+    assert view["status"] == "complete", f"{view}"
     return len(requests)
 
 
