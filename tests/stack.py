@@ -95,7 +95,8 @@ async def running_workers(
     clients: list[aioredis.Redis] = []
     workers: list[Worker] = []
     for worker_settings in settings:
-        redis = connect(redis_url, timeout_s=1.0)
+        # As `tailcut worker` connects: its own timeout (5 s: a worker waits out a slow Redis).
+        redis = connect(redis_url, timeout_s=worker_settings.redis_timeout_s)
         blocking = connect_blocking(redis_url, block_s=worker_settings.read_block_ms / 1000, connect_timeout_s=1.0)
         clients += [redis, blocking]
         workers.append(Worker(worker_settings, engine, redis, blocking, prompter=prompter))
@@ -138,7 +139,8 @@ async def running_stack(
         )
         for index in range(num_workers if engine is not None else 0)
     ]
-    redis = connect(redis_url, timeout_s=1.0)
+    # The test's own client: patient, so two busy cores (the engine spinning) do not fail a test's read.
+    redis = connect(redis_url, timeout_s=5.0)
     try:
         jobs_settings = JobsSettings(redis_url=redis_url, key_prefix=prefix, **(jobs or {}))  # type: ignore[arg-type]
         async with running_api(api_settings, model_dir, jobs_settings) as api:

@@ -21,7 +21,7 @@ API_ID = "api-recovery"
 @pytest.fixture
 async def setup(redis_url: str) -> AsyncIterator[tuple[aioredis.Redis, Keys, ReplyRouter]]:
     keys = Keys(unique_prefix())
-    redis = connect(redis_url, timeout_s=1.0)
+    redis = connect(redis_url, timeout_s=5.0)
     pubsub = connect_blocking(redis_url, block_s=1.0, connect_timeout_s=1.0)
     router = ReplyRouter(redis, pubsub, keys, API_ID, poll_max_s=0.5)
     await router.start(wait_s=5)
