@@ -95,8 +95,7 @@ async def running_workers(
     clients: list[aioredis.Redis] = []
     workers: list[Worker] = []
     for worker_settings in settings:
-        # As `tailcut worker` connects: its own timeout (5 s: a worker waits out a slow Redis).
-        redis = connect(redis_url, timeout_s=worker_settings.redis_timeout_s)
+        redis = connect(redis_url, timeout_s=1.0)
         blocking = connect_blocking(redis_url, block_s=worker_settings.read_block_ms / 1000, connect_timeout_s=1.0)
         clients += [redis, blocking]
         workers.append(Worker(worker_settings, engine, redis, blocking, prompter=prompter))
