@@ -58,6 +58,22 @@ async def engine(tiny_model: Path) -> AsyncIterator[object]:
 
 
 @pytest.fixture
+async def prefixed_redis(redis_url: str) -> AsyncIterator[tuple[object, object]]:
+    """A client of the test Redis and a key prefix of the test's own; its keys are deleted afterwards."""
+    from queues.connection import connect
+    from queues.keys import Keys
+    from tests.stack import unique_prefix
+
+    keys = Keys(unique_prefix())
+    client = connect(redis_url, timeout_s=5.0)
+    yield client, keys
+    found = [key async for key in client.scan_iter(match=f"{keys.prefix}*")]
+    if found:
+        await client.delete(*found)
+    await client.aclose()
+
+
+@pytest.fixture
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

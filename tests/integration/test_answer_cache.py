@@ -5,28 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 
-import pytest
 import redis.asyncio as aioredis
 
 from queues.answers import AnswerStore, CacheConfig
-from queues.connection import connect
 from queues.keys import Keys
-from tests.stack import unique_prefix
 
 MODEL = "tiny@1"
-
-
-@pytest.fixture
-async def setup(redis_url: str) -> AsyncIterator[tuple[aioredis.Redis, Keys]]:
-    keys = Keys(unique_prefix())
-    redis = connect(redis_url, timeout_s=1.0)
-    yield redis, keys
-    found = [key async for key in redis.scan_iter(match=f"{keys.prefix}*")]
-    if found:
-        await redis.delete(*found)
-    await redis.aclose()
 
 
 class ReferenceLruK:
@@ -56,9 +41,9 @@ class ReferenceLruK:
 
 
 async def test_lru_k_keeps_what_the_reference_model_keeps_on_random_traces(
-    setup: tuple[aioredis.Redis, Keys],
+    prefixed_redis: tuple[aioredis.Redis, Keys],
 ) -> None:
-    redis, keys = setup
+    redis, keys = prefixed_redis
     for seed in range(4):
         rng = random.Random(seed)
         config = CacheConfig(k=2, history_s=40 / 1000, ttl_s=3600, max_entries=5)
@@ -79,8 +64,10 @@ async def test_lru_k_keeps_what_the_reference_model_keeps_on_random_traces(
         assert len(model.cached) == 5, "the trace never filled the cache: it tests nothing"
 
 
-async def test_a_key_is_cached_only_on_its_kth_reference_inside_the_window(setup: tuple[aioredis.Redis, Keys]) -> None:
-    redis, keys = setup
+async def test_a_key_is_cached_only_on_its_kth_reference_inside_the_window(
+    prefixed_redis: tuple[aioredis.Redis, Keys],
+) -> None:
+    redis, keys = prefixed_redis
     store = AnswerStore(redis, keys, CacheConfig(k=2, history_s=10, max_entries=10))
     assert (await store.reference("q", MODEL, now_ms=1_000)).result == "miss"
     # Second reference, 11 s later: the first has left the window.
@@ -93,9 +80,9 @@ async def test_a_key_is_cached_only_on_its_kth_reference_inside_the_window(setup
 
 
 async def test_entries_expire_with_their_ttl_and_a_changed_model_makes_them_stale(
-    setup: tuple[aioredis.Redis, Keys],
+    prefixed_redis: tuple[aioredis.Redis, Keys],
 ) -> None:
-    redis, keys = setup
+    redis, keys = prefixed_redis
     store = AnswerStore(redis, keys, CacheConfig(k=1, history_s=60, ttl_s=0.3, max_entries=10))
     first = await store.reference("q", MODEL, now_ms=1)
     assert first.result == "admit"

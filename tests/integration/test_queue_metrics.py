@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
 import redis.asyncio as aioredis
 
 from admission.shedding import Backlog
 from queues import intake
-from queues.connection import connect
 from queues.keys import Keys
 from queues.messages import RequestMessage, SamplingSpec
-from tests.stack import unique_prefix
-
-
-@pytest.fixture
-async def setup(redis_url: str) -> AsyncIterator[tuple[aioredis.Redis, Keys]]:
-    keys = Keys(unique_prefix())
-    redis = connect(redis_url, timeout_s=1.0)
-    yield redis, keys
-    found = [key async for key in redis.scan_iter(match=f"{keys.prefix}*")]
-    if found:
-        await redis.delete(*found)
-    await redis.aclose()
 
 
 def message(request_id: str, prompt: int, predicted: int, *, tier: str = "normal") -> RequestMessage:
@@ -41,8 +25,8 @@ def message(request_id: str, prompt: int, predicted: int, *, tier: str = "normal
     )
 
 
-async def test_queued_tokens_count_only_what_no_worker_has_read(setup: tuple[aioredis.Redis, Keys]) -> None:
-    redis, keys = setup
+async def test_queued_tokens_count_only_what_no_worker_has_read(prefixed_redis: tuple[aioredis.Redis, Keys]) -> None:
+    redis, keys = prefixed_redis
     stream = keys.intake("normal", "short")
     # Before any worker opened the stream (no group yet): every entry counts.
     for index, (prompt, predicted) in enumerate([(10, 5), (20, 10), (30, 15)]):
@@ -69,9 +53,9 @@ async def test_queued_tokens_count_only_what_no_worker_has_read(setup: tuple[aio
 
 
 async def test_the_backlog_probe_reports_depth_and_tokens_per_tier_and_bucket(
-    setup: tuple[aioredis.Redis, Keys],
+    prefixed_redis: tuple[aioredis.Redis, Keys],
 ) -> None:
-    redis, keys = setup
+    redis, keys = prefixed_redis
     await intake.ensure_groups(redis, keys)
     await intake.enqueue(redis, keys, message("a", 100, 50, tier="realtime"))
     await intake.enqueue(redis, keys, message("b", 7, 3, tier="realtime"))

@@ -565,7 +565,7 @@ def test_prometheus_scrapes_every_process_under_its_compose_name() -> None:
 def test_promtool_accepts_the_prometheus_config() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool is not installed (Debian/Ubuntu: apt-get install prometheus); CI installs it")
+        pytest.fail("promtool is not installed: ./scripts/test installs it (scripts/ensure-tools, Debian `prometheus`)")
     done = subprocess.run([promtool, "check", "config", str(PROMETHEUS_CONFIG)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -741,7 +741,7 @@ def test_every_dashboard_metric_is_exported() -> None:
 
 def test_dashboard_vllm_metrics_exist() -> None:
     if vllm_names() is None:
-        pytest.skip("vLLM is not installed: its metric names cannot be checked")
+        pytest.fail("vLLM is not installed: its metric names cannot be checked (./scripts/bootstrap --dev installs it)")
     assert any(name.startswith("vllm:") for _panel, expr in expressions() for name in promql_metric_names(expr))
 
 
@@ -749,7 +749,7 @@ def test_every_dashboard_expression_parses() -> None:
     """Each expression, with Grafana's variables filled in, as a recording rule: promtool parses it."""
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool is not installed (Debian/Ubuntu: apt-get install prometheus); CI installs it")
+        pytest.fail("promtool is not installed: ./scripts/test installs it (scripts/ensure-tools, Debian `prometheus`)")
     rules = [
         {"record": f"dashboard:panel_{panel['id']}_{index}", "expr": substitute(expr)}
         for index, (panel, expr) in enumerate(expressions())
