@@ -24,7 +24,7 @@ from bench.stats import RequestRecord, Status, TargetCheck, attainment, field_of
 from bench.workloads import Workload, poisson_trace
 from queues.keys import Tier
 from workers.budget import BudgetConfig
-from workers.engines.costmodel import CostModel
+from workers.engines.costmodel import CostModel, kv_capacity_tokens
 from workers.engines.sim import KvAllocation
 from workers.scheduling import SchedulerConfig
 
@@ -83,6 +83,7 @@ class Job:
     kv_allocation: KvAllocation = "paged"
     block_size: int = 16
     max_tokens: str = "exact"
+    kv_capacity_tokens: int = field(default_factory=kv_capacity_tokens)
 
     def config(self) -> SimConfig:
         return SimConfig(
@@ -94,6 +95,7 @@ class Job:
             long_prefill_token_threshold=self.variant.long_prefill_token_threshold,
             kv_allocation=self.kv_allocation,
             block_size=self.block_size,
+            kv_capacity_tokens=self.kv_capacity_tokens,
             max_tokens="tier-cap" if self.max_tokens == "tier-cap" else "exact",
         )
 
@@ -195,10 +197,14 @@ def run_job(job: Job) -> JobResult:
             "virtual_s": run.end_s,
             "steps": run.num_steps,
             "preempted": run.num_preempted,
+            "engine_preempted": run.num_engine_preempted,
             "yielded": run.num_yielded,
             "wall_s": wall_s,
             "kv_allocation": job.kv_allocation,
             "block_size": job.block_size,
+            "kv_capacity_tokens": job.kv_capacity_tokens,
+            "kv_reservation": job.variant.scheduler.kv_reservation,
+            "reservations": run.reservations.as_dict(),
             "kv_mean_usage": run.kv.mean_usage,
             "kv_peak_usage": run.kv.peak_usage,
             "kv_filled_share": run.kv.mean_filled_share,

@@ -47,12 +47,14 @@ from bench.workloads import Arrival, Workload, draw_requests
 from queues.keys import Tier
 from queues.messages import RequestMessage, SamplingOptions
 from tailcut.errors import OverloadedError
+from workers.budget import BudgetConfig
 from workers.capacity import BudgetFollower, StepTimer, engine_view
 from workers.engines.costmodel import CostModel, kv_capacity_tokens
 from workers.engines.sim import KvAllocation, SimEngine, StepResult
 from workers.lifecycle import Continue, EngineCall, Finished, RequestLifecycle
 from workers.policies import make_scheduler
-from workers.scheduling import EngineView, SchedRequest, SchedulerConfig, SchedulingPolicy
+from workers.reservation import ReservationRecord
+from workers.scheduling import EngineView, PolicyName, SchedRequest, SchedulerConfig, SchedulingPolicy
 
 SimPolicyName = Literal["static-batch", "fifo", "vllm-priority", "tailcut"]
 SIM_POLICIES: tuple[SimPolicyName, ...] = ("static-batch", "fifo", "vllm-priority", "tailcut")
@@ -73,6 +75,7 @@ class SimConfig:
     policy: SimPolicyName
     cost: CostModel
     label: str = ""
+    # Its ``kv_block_tokens`` is replaced by ``block_size``: the scheduler counts the engine's blocks.
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     shed: ShedLimits | None = None
     kv_capacity_tokens: int = field(default_factory=kv_capacity_tokens)
@@ -157,6 +160,11 @@ class SimRun:
     kv: KvSample
     num_preempted: int = 0
     num_yielded: int = 0
+    # Recompute preemptions inside the engine (KV ran out while a running request grew), as against
+    # ``num_preempted``: the scheduler's aborts of background work.
+    num_engine_preempted: int = 0
+    # How the scheduler's KV reservation of each ended engine call compared with its output.
+    reservations: ReservationRecord = field(default_factory=ReservationRecord)
 
 
 @dataclass(slots=True, eq=False)
@@ -202,15 +210,25 @@ class _Driver:
         self.budget = BudgetFollower(config.max_num_batched_tokens)
         self.num_preempted = 0
         self.num_yielded = 0
+        self.reservations = ReservationRecord()
         self.next_prompt_id = _PROMPT_ID_BASE
 
     def _policy(self) -> SchedulingPolicy:
         config = self.config
+        # The reservation mode and the engine's block size hold for every policy, so each one's
+        # reservations are recorded alike (only tailcut admits by them).
+        scheduler = config.scheduler
+
+        def plain(policy: PolicyName, budget: BudgetConfig) -> SchedulerConfig:
+            return SchedulerConfig(
+                policy=policy, budget=budget, kv_reservation=scheduler.kv_reservation, kv_block_tokens=config.block_size
+            )
+
         if config.policy == "static-batch":
-            return StaticBatch(SchedulerConfig(policy="fifo"), batch_size=config.static_batch_size)
+            return StaticBatch(plain("fifo", BudgetConfig()), batch_size=config.static_batch_size)
         if config.policy == "tailcut":
-            return make_scheduler(config.scheduler)
-        return make_scheduler(SchedulerConfig(policy=config.policy, budget=config.scheduler.budget))
+            return make_scheduler(replace(scheduler, kv_block_tokens=config.block_size))
+        return make_scheduler(plain(config.policy, scheduler.budget))
 
     # --- arrivals (``QueueDepth`` for the admitter's shedding rule) -------------------------------
 
@@ -263,7 +281,7 @@ class _Driver:
         decision = self.scheduler.schedule(self.view(), now_ms)
         for admitted in decision.admit:
             request = self.by_id[admitted.id]
-            life = RequestLifecycle(request.message, admitted, self.scheduler)
+            life = RequestLifecycle(request.message, admitted, self.scheduler, reservations=self.reservations)
             if life.expired(now_ms):  # as the worker: its deadline passed before it could start
                 request.record.status = "expired"
                 self.scheduler.finish(admitted.id, admitted)
@@ -368,6 +386,7 @@ def simulate(
     stop_us = (max(last_arrival_s, duration_s) + config.drain_s) * 1e6
     window_end_us = duration_s * 1e6
     num_steps = 0
+    num_engine_preempted = 0
     next_progress_us = 0.0
     # With ``output_lag_steps`` 1, a step's outputs reach the driver only once the next step is
     # under way, as a worker reads vLLM's outputs while its engine core already runs the next step.
@@ -401,6 +420,7 @@ def simulate(
             engine.idle_until(pending[0].at_s * 1e6)
             continue
         num_steps += 1
+        num_engine_preempted += len(step.preempted)
         kv.add(step, engine.num_running)
         if config.output_lag_steps:
             if unread is not None:
@@ -428,6 +448,8 @@ def simulate(
         kv=kv,
         num_preempted=driver.num_preempted,
         num_yielded=driver.num_yielded,
+        num_engine_preempted=num_engine_preempted,
+        reservations=driver.reservations,
     )
 
 

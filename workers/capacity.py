@@ -24,12 +24,13 @@ def engine_view(
     step_ms: float,
     admit_background: bool = True,
 ) -> EngineView:
-    """Slots and KV as the scheduler sees them: a request being preempted has left ``running``
-    already (its abort is in flight), so it is not preempted a second time on the next round."""
+    """Slots and KV as the scheduler sees them: free KV is the capacity minus every running request's
+    reservation (``SchedRequest.reserved_kv_tokens``, per ``config.kv_reservation``). A request being
+    preempted has left ``running`` already (its abort is in flight), so it is not preempted a second
+    time on the next round."""
     running = scheduler.running.values()
-    slice_tokens = scheduler.config.slice_tokens
-    # ``SchedRequest.kv_tokens`` written out: this runs every round, over every running request.
-    kv_tokens = sum(request.prompt_tokens + min(request.remaining_tokens, slice_tokens) for request in running)
+    config = scheduler.config
+    kv_tokens = sum(request.reserved_kv_tokens(config) for request in running)
     return EngineView(
         free_slots=max_running - len(running),
         free_kv_tokens=kv_capacity_tokens - kv_tokens,

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from queues.messages import OutputEvent, RequestMessage, SamplingSpec
+from workers.reservation import ReservationRecord
 from workers.scheduling import EngineView, SchedRequest, SchedulingPolicy
 
 
@@ -55,10 +56,20 @@ CallOutcome = Finished | Continue | Yield
 
 
 class RequestLifecycle:
-    def __init__(self, message: RequestMessage, request: SchedRequest, scheduler: SchedulingPolicy) -> None:
+    def __init__(
+        self,
+        message: RequestMessage,
+        request: SchedRequest,
+        scheduler: SchedulingPolicy,
+        *,
+        reservations: ReservationRecord | None = None,
+    ) -> None:
+        """``reservations``: where each ended engine call's KV reservation is judged against its
+        output (``workers.reservation``); None: not recorded."""
         self.message = message
         self.request = request
         self._scheduler = scheduler
+        self._reservations = reservations
         self.seq = message.next_seq  # position of the next event
         self.generated = list(message.generated_token_ids)
         self.slice_index = message.slice_index  # of the next engine call
@@ -156,6 +167,11 @@ class RequestLifecycle:
     def end_call(self, finish_reason: str | None, view: Callable[[], EngineView]) -> CallOutcome:
         """The current call ended (``finish_reason`` as the engine said): finish, go on, or yield. A
         summary always finishes the request."""
+        if self._reservations is not None and not self.summarising:
+            # Before ``advance``: the request still reads as the scheduler counted it for this call.
+            config = self._scheduler.config
+            reserved = self.request.reserved_output_tokens(config)
+            self._reservations.observe(reserved, self.call_tokens, config.kv_block_tokens)
         self._scheduler.advance(self.id, self.call_tokens)
         if self.summarising or finish_reason != "length" or len(self.generated) >= self.max_tokens:
             return Finished(

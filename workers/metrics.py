@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from queues.breakers import STATE_VALUES
 from queues.keys import TIERS
+from workers.reservation import VERDICTS, ReservationRecord
 
 if TYPE_CHECKING:
     from workers.worker import Worker
@@ -104,6 +105,32 @@ class WorkerCollector(Collector):
         for tier, view in sorted(worker.breakers.views.items()):
             breakers.add_metric([*values, tier], STATE_VALUES[view.state])
         yield breakers
+        reservations = getattr(worker, "reservations", None)
+        if isinstance(reservations, ReservationRecord):
+            yield from reservation_families(reservations, labels)
+
+
+def reservation_families(record: ReservationRecord, labels: dict[str, str]) -> Iterator[Metric]:
+    """How the scheduler's KV reservations fared (``workers.reservation``): engine calls by verdict, and
+    the output tokens reserved, produced and reserved but left unused."""
+    names, values = list(labels), list(labels.values())
+    calls = CounterMetricFamily(
+        "tailcut_worker_kv_reservations",
+        "Engine calls by how their KV reservation fared: short (produced more than reserved), wasteful (a whole "
+        "KV block reserved and unused), exact.",
+        labels=[*names, "outcome"],
+    )
+    for outcome in VERDICTS:
+        calls.add_metric([*values, outcome], record.count(outcome))
+    yield calls
+    for name, text, value in (
+        ("reserved", "Output tokens of KV the scheduler reserved for engine calls.", record.reserved_tokens),
+        ("produced", "Output tokens the engine calls with a reservation produced.", record.produced_tokens),
+        ("unused", "Output tokens of KV reserved and not produced.", record.unused_tokens),
+    ):
+        family = CounterMetricFamily(f"tailcut_worker_kv_reservation_{name}_tokens", text, labels=names)
+        family.add_metric(values, value)
+        yield family
 
 
 class VllmCollector(Collector):

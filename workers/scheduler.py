@@ -17,6 +17,10 @@ DESIGN.md "Scheduling":
 5. sliced decoding: an engine call makes at most ``slice_tokens`` tokens; at a slice boundary a
    request yields only when higher-tier work waits and capacity is short, since a resume costs a
    prefill of whatever fell out of the prefix cache meanwhile.
+
+KV is counted by reservation (``SchedRequest.reserved_kv_tokens``): a request is admitted only if its
+prompt plus the output ``kv_reservation`` expects of its next call fits what the running requests'
+reservations leave, and the same figure decides yields and how many background requests to preempt.
 """
 
 from __future__ import annotations
@@ -163,7 +167,7 @@ class TailcutPolicy(RunningTable):
             self._admit(pick, now_ms)
             decision.admit.append(pick)
             slots -= 1
-            kv -= pick.kv_tokens(self.config.slice_tokens)
+            kv -= pick.reserved_kv_tokens(self.config)
             spent += self._chunk(pick.prompt_tokens)
         decision.preempt = self._preemptions(slots, kv)
         for victim in decision.preempt:
@@ -202,7 +206,7 @@ class TailcutPolicy(RunningTable):
         higher_backlog = view.backlog_of(tiers=higher_tiers)
         if higher is None and not higher_backlog:
             return False
-        need_kv = higher.kv_tokens(self.config.slice_tokens) if higher is not None else 0
+        need_kv = higher.reserved_kv_tokens(self.config) if higher is not None else 0
         if view.free_slots > 0 and view.free_kv_tokens >= need_kv:
             return False
         del self._running[request_id]
@@ -212,7 +216,7 @@ class TailcutPolicy(RunningTable):
     # --- internals ------------------------------------------------------------------------------
 
     def _fits(self, request: SchedRequest, kv: int, budget: int, spent: int, first: bool) -> bool:
-        if request.kv_tokens(self.config.slice_tokens) > kv:
+        if request.reserved_kv_tokens(self.config) > kv:
             return False
         if request.tier != "realtime":
             budget -= self.config.realtime_reserve_tokens
@@ -302,12 +306,12 @@ class TailcutPolicy(RunningTable):
             return []
         blocked = blocked[: len(running_background)]
         need_slots = max(0, len(blocked) - slots)
-        need_kv = max(0, sum(request.kv_tokens(self.config.slice_tokens) for request in blocked) - kv)
+        need_kv = max(0, sum(request.reserved_kv_tokens(self.config) for request in blocked) - kv)
         victims: list[SchedRequest] = []
         for victim in running_background:
             if need_slots <= 0 and need_kv <= 0:
                 break
             victims.append(victim)
             need_slots -= 1
-            need_kv -= victim.kv_tokens(self.config.slice_tokens)
+            need_kv -= victim.reserved_kv_tokens(self.config)
         return victims

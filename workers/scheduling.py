@@ -20,6 +20,8 @@ from queues.messages import RequestMessage
 from workers.budget import BudgetConfig
 
 PolicyName = Literal["tailcut", "fifo", "vllm-priority"]
+# What the scheduler counts of a request's output in the engine's KV cache (``SchedRequest.reserved_kv_tokens``).
+KvReservation = Literal["none", "max", "predicted"]
 
 TIER_RANK: dict[Tier, int] = {"realtime": 0, "normal": 1, "background": 2}
 BUCKET_RANK: dict[Bucket, int] = {"short": 0, "medium": 1, "long": 2}
@@ -37,6 +39,9 @@ class SchedRequest:
     deadline_ms: int
     prompt_tokens: int
     remaining_tokens: int
+    # The output-length prediction (``admission.predictor``) minus what was generated since: below 1
+    # once the request outgrew it. None: no prediction (reserved as under ``max``).
+    predicted_remaining_tokens: int | None = None
 
     @classmethod
     def of(cls, message: RequestMessage) -> SchedRequest:
@@ -50,11 +55,42 @@ class SchedRequest:
             deadline_ms=message.deadline_ms,
             prompt_tokens=len(message.prompt_token_ids) + generated,
             remaining_tokens=message.sampling.max_tokens - generated,
+            predicted_remaining_tokens=message.predicted_output_tokens - generated,
         )
 
-    def kv_tokens(self, slice_tokens: int) -> int:
-        """KV the next engine call may fill: the prompt plus one slice of output."""
-        return self.prompt_tokens + min(self.remaining_tokens, slice_tokens)
+    def reserved_kv_tokens(self, config: SchedulerConfig) -> int:
+        """KV the scheduler counts for this request's next engine call, in token slots of whole blocks:
+        the prompt (a continuation's includes its output so far) plus the output the call is expected
+        to write, per ``config.kv_reservation``:
+
+        - ``none``: nothing beyond the prompt (what vLLM does by itself: blocks as decode proceeds);
+        - ``max``: the rest of ``max_tokens``, at most one slice;
+        - ``predicted``: the rest of the predicted output, at least one KV block once the request
+          outgrew its prediction, never more than ``max`` would reserve (a request without a
+          prediction reserves as under ``max``).
+
+        Rounded up to whole ``config.kv_block_tokens`` blocks, as the engine allocates them. This is
+        the one definition of a request's KV: admission, the engine view, yields and preemption all
+        count it. It covers KV only: a running request's per-step token budget is one decode token
+        whatever its reservation, and its prompt's prefill chunk is counted apart (``TailcutPolicy``).
+        """
+        # Written as one method, no helpers: the engine view runs it over every running request, every round.
+        mode = config.kv_reservation
+        if mode == "none":
+            output = 0
+        else:
+            output = max(0, min(self.remaining_tokens, config.slice_tokens))
+            predicted = self.predicted_remaining_tokens
+            if mode == "predicted" and predicted is not None:
+                # Outgrown: it goes on all the same, so its next block is still reserved.
+                output = min(output, predicted if predicted > 0 else config.kv_block_tokens)
+        block = config.kv_block_tokens
+        return -(-(self.prompt_tokens + output) // block) * block
+
+    def reserved_output_tokens(self, config: SchedulerConfig) -> int:
+        """Output tokens the reservation holds room for beyond the prompt (its last partial block
+        included): what ``workers.reservation.ReservationRecord`` compares a call's output against."""
+        return self.reserved_kv_tokens(config) - self.prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +99,11 @@ class SchedulerConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     max_cut_ins: int = 3
     slice_tokens: int = 256
+    # How a request's expected output counts in the KV the scheduler checks before admitting it and
+    # before yielding or preempting for it (``SchedRequest.reserved_kv_tokens``).
+    kv_reservation: KvReservation = "predicted"
+    # The engine's KV block size: reservations are counted in whole blocks, as the engine allocates.
+    kv_block_tokens: int = 16
     # Most prompt tokens the engine computes per request and step (vLLM's
     # ``long_prefill_token_threshold``; 0: a whole prompt may fill a step). Admitted prompts still
     # being prefilled take this much of every round's budget until their first token.
@@ -75,6 +116,10 @@ class SchedulerConfig:
     fair_max_weight: float = 8.0
     # Weight of the newest queue wait in a tenant's moving average (its "recent latency").
     rtt_smoothing: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.kv_block_tokens < 1:
+            raise ValueError(f"kv_block_tokens must be at least 1 (the engine's KV block size): {self.kv_block_tokens}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +267,8 @@ class RunningTable:
         if request is not None:
             request.prompt_tokens += num_generated
             request.remaining_tokens -= num_generated
+            if request.predicted_remaining_tokens is not None:
+                request.predicted_remaining_tokens -= num_generated
 
     def admit_now(self, request: SchedRequest) -> None:
         self._running[request.id] = request

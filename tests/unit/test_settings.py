@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from jobs.settings import JobsSettings
 from tailcut.jobs_cli import API_KEY_ENV
 from workers.degrade import DegradeConfig
 from workers.scheduling import SchedulerConfig
-from workers.settings import DegradeSettings, EngineSettings, SchedulerSettings, WorkerSettings
+from workers.settings import DegradeSettings, EngineSettings, SchedulerSettings, WorkerSettings, engine_block_size
 
 README = (Path(__file__).parents[2] / "README.md").read_text()
 # `| `TAILCUT_NAME` | default | meaning |` rows of the configuration table.
@@ -41,8 +42,21 @@ def test_settings_defaults_are_the_typed_configs_defaults() -> None:
     assert AdmissionSettings().admission_config() == AdmissionConfig()
     assert SchedulerSettings().config() == SchedulerConfig()
     assert EngineSettings().long_prefill_token_threshold == SchedulerConfig().prefill_chunk_tokens
-    assert WorkerSettings().scheduler_config() == SchedulerConfig()
+    # The engine's block size comes from the engine settings (16 but for vLLM on CPU).
+    assert WorkerSettings(engine=EngineSettings(kind="sim")).scheduler_config() == SchedulerConfig()
+    engine = EngineSettings()
+    assert WorkerSettings().scheduler_config() == replace(SchedulerConfig(), kv_block_tokens=engine_block_size(engine))
     assert DegradeSettings().config() == DegradeConfig()
+
+
+def test_the_scheduler_counts_kv_in_the_engines_blocks() -> None:
+    assert engine_block_size(EngineSettings(block_size=64)) == 64
+    assert engine_block_size(EngineSettings(device="cpu")) == 32
+    assert engine_block_size(EngineSettings(device="cuda")) == 16
+    assert engine_block_size(EngineSettings(kind="sim")) == 16
+    settings = WorkerSettings(engine=EngineSettings(device="cpu"), scheduler=SchedulerSettings(kv_reservation="max"))
+    config = settings.scheduler_config()
+    assert (config.kv_block_tokens, config.kv_reservation) == (32, "max")
 
 
 def settings_fields() -> Iterator[tuple[str, type[BaseModel], str]]:
