@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tailcut.models import encode_chat
+
 
 class PromptTokenizer:
     def __init__(self, model_dir: Path, *, num_threads: int) -> None:
@@ -20,6 +22,11 @@ class PromptTokenizer:
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="tokenize")
         self.vocab_size: int = len(self._tokenizer)
         self.eos_token_id: int | None = self._tokenizer.eos_token_id
+        # The chat template's own tokens around one user turn: a chat prompt's length minus this is
+        # what the user wrote (the tiny-request pool counts that).
+        self.template_tokens: int = (
+            len(self._encode_chat([{"role": "user", "content": ""}])) if self.has_chat_template else 0
+        )
 
     @property
     def pool(self) -> ThreadPoolExecutor:
@@ -31,8 +38,7 @@ class PromptTokenizer:
         return bool(getattr(self._tokenizer, "chat_template", None))
 
     def _encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+        return encode_chat(self._tokenizer, messages)
 
     def _encode_text(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=True))

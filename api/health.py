@@ -37,9 +37,14 @@ async def readyz(request: Request) -> OrjsonResponse:
         # Each worker's score is the time until which its last beat vouches for it (its own
         # heartbeat interval decides; see ``queues.keys.Keys.workers``).
         workers = int(await state.redis.zcount(state.keys.workers, time.time(), "+inf"))
-        # Each live worker's cold-start stage (1, 2, 3) and the share of its capacity open.
+        # Each live worker's cold-start stage (1, 2, 3), the share of its capacity open, and its
+        # prefix warmup ("done/planned" prompts; it never holds readiness back).
         warmup = {
-            worker["id"]: {"stage": worker.get("warmup_stage"), "capacity": worker.get("capacity")}
+            worker["id"]: {
+                "stage": worker.get("warmup_stage"),
+                "capacity": worker.get("capacity"),
+                "prefix_warmup": worker.get("prefix_warmup"),
+            }
             for worker in await live_workers(state.redis, state.keys)
         }
     except RedisError as exc:

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from tailcut.errors import ConfigError
 
@@ -57,6 +58,15 @@ def resolve_model(model: str, cache_dir: Path, progress: Progress | None = None)
 
 def served_name(model_dir: Path, override: str | None) -> str:
     return override or model_dir.name
+
+
+def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """A conversation's prompt ids as tailcut builds them everywhere (the API's admission, the summary
+    prompt, prefix warmup): the model's chat template with the assistant's turn opened, encoded
+    without adding special tokens a second time. One definition, so warmed prefixes match the prompts
+    that arrive token for token."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def max_model_len(model_dir: Path) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,18 +87,23 @@ async def running_api(
 
 @contextlib.asynccontextmanager
 async def running_workers(
-    settings: list[WorkerSettings], engine: Engine, redis_url: str, *, prompter: Prompter | None = None
+    settings: list[WorkerSettings],
+    engine: Engine,
+    redis_url: str,
+    *,
+    prompter: Prompter | None = None,
+    prefixes: Sequence[list[int]] = (),
 ) -> AsyncIterator[list[Worker]]:
     """Workers on the shared engine. Without ``prompter`` nothing degrades to a summary: the tests
     that compare streams with greedy references run on two shared cores, where a 500 ms stall in
-    decode is not rare; the degrade tests pass one."""
+    decode is not rare; the degrade tests pass one. ``prefixes``: each worker's prefix warmup."""
     clients: list[aioredis.Redis] = []
     workers: list[Worker] = []
     for worker_settings in settings:
         redis = connect(redis_url, timeout_s=1.0)
         blocking = connect_blocking(redis_url, block_s=worker_settings.read_block_ms / 1000, connect_timeout_s=1.0)
         clients += [redis, blocking]
-        workers.append(Worker(worker_settings, engine, redis, blocking, prompter=prompter))
+        workers.append(Worker(worker_settings, engine, redis, blocking, prompter=prompter, prefixes=prefixes))
     tasks = [asyncio.create_task(worker.run()) for worker in workers]
     try:
         yield workers
@@ -120,6 +125,7 @@ async def running_stack(
     jobs: dict[str, object] | None = None,
     worker: dict[str, object] | None = None,
     prompter: Prompter | None = None,
+    prefixes: Sequence[list[int]] = (),
     **api_overrides: object,
 ) -> AsyncIterator[Stack]:
     """``jobs``: ``JobsSettings`` fields for the API's ``/v1/jobs`` routes (limits, defaults);
@@ -144,7 +150,9 @@ async def running_stack(
         jobs_settings = JobsSettings(redis_url=redis_url, key_prefix=prefix, **(jobs or {}))  # type: ignore[arg-type]
         async with running_api(api_settings, model_dir, jobs_settings) as api:
             workers_running = (
-                running_workers(worker_settings, engine, redis_url, prompter=prompter) if engine else _no_workers()
+                running_workers(worker_settings, engine, redis_url, prompter=prompter, prefixes=prefixes)
+                if engine
+                else _no_workers()
             )
             async with workers_running as workers:
                 yield Stack(api.base_url, Keys(prefix), redis, api_settings, api, workers)

@@ -12,17 +12,45 @@ from tailcut.exposition import serve_metrics
 from tailcut.logs import log_event
 from tailcut.loopwatch import LoopWatch, dump_stacks
 from tailcut.models import resolve_model
+from warmup.prefixes import QaEntry, load_qa, plan
+from workers.engines.base import Engine
 from workers.engines.factory import start_engine
 from workers.gpu_memory import GpuMemoryMonitor, LeakDetector, nvml_reader
 from workers.metrics import worker_registry
 from workers.prompter import Prompter
-from workers.settings import WorkerSettings
+from workers.settings import WarmupSettings, WorkerSettings
 from workers.worker import Worker
 
 log = logging.getLogger("tailcut.worker")
 
 
+def prefix_prompts(
+    settings: WarmupSettings, entries: list[QaEntry], prompter: Prompter, engine: Engine
+) -> list[list[int]]:
+    """What prefix warmup runs: the plan for this engine's KV cache and context length."""
+    if not entries:
+        return []
+    warm = plan(
+        entries,
+        prompter.tokenizer,
+        top_n=settings.prefix_top_n,
+        kv_tokens=int(engine.kv_capacity_tokens * settings.prefix_kv_share),
+        max_prompt_tokens=engine.max_model_len - 1,
+    )
+    log_event(
+        log,
+        "prefix_warmup_planned",
+        file=str(settings.prefix_file),
+        questions=warm.questions,
+        prompts=len(warm.prompts),
+        skipped=warm.skipped,
+    )
+    return warm.prompts
+
+
 async def serve(settings: WorkerSettings) -> None:
+    # A bad Q&A file stops the worker before the engine spends a minute starting.
+    entries = load_qa(settings.warmup.prefix_file) if settings.warmup.prefix_file is not None else []
     model_dir = resolve_model(settings.model, settings.cache_dir, progress=lambda line: log_event(log, line))
     redis = connect(settings.redis_url, timeout_s=settings.redis_timeout_s)
     blocking = connect_blocking(
@@ -30,7 +58,9 @@ async def serve(settings: WorkerSettings) -> None:
     )
     await check_redis(redis)
     engine = start_engine(settings.engine, model_dir, settings.max_model_len)
-    worker = Worker(settings, engine, redis, blocking, prompter=Prompter.load(model_dir))
+    prompter = Prompter.load(model_dir)
+    prefixes = prefix_prompts(settings.warmup, entries, prompter, engine)
+    worker = Worker(settings, engine, redis, blocking, prompter=prompter, prefixes=prefixes)
     registry = worker_registry(worker)
     if settings.metrics_port:
         serve_metrics(registry, host=settings.metrics_host, port=settings.metrics_port)

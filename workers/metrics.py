@@ -77,6 +77,22 @@ class WorkerCollector(Collector):
             "Share of the capacity the cold-start ramp has open.",
             worker.capacity_fraction,
         )
+        warmer = worker.prefix_warmer
+        if warmer is not None:
+            prefixes = GaugeMetricFamily(
+                "tailcut_worker_prefix_warmup_prompts",
+                "Prefix warmup's prompts: planned, done, failed (refused by the engine), yielded (aborted for real "
+                "traffic and run again later).",
+                labels=[*names, "state"],
+            )
+            for state, count in (
+                ("planned", warmer.total),
+                ("done", warmer.done),
+                ("failed", warmer.failed),
+                ("yielded", warmer.yielded),
+            ):
+                prefixes.add_metric([*values, state], count)
+            yield prefixes
         yield gauge(
             "tailcut_worker_step_seconds", "Smoothed time of one engine step (decode iteration).", worker.step_ms / 1000
         )
@@ -105,9 +121,7 @@ class WorkerCollector(Collector):
         for tier, view in sorted(worker.breakers.views.items()):
             breakers.add_metric([*values, tier], STATE_VALUES[view.state])
         yield breakers
-        reservations = getattr(worker, "reservations", None)
-        if isinstance(reservations, ReservationRecord):
-            yield from reservation_families(reservations, labels)
+        yield from reservation_families(worker.reservations, labels)
 
 
 def reservation_families(record: ReservationRecord, labels: dict[str, str]) -> Iterator[Metric]:

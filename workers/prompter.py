@@ -10,12 +10,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tailcut.models import encode_chat
 from workers.degrade import summary_messages
 
 
 class Prompter:
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
+
+    @property
+    def tokenizer(self) -> Any:
+        """The served model's tokenizer (prefix warmup renders its prompts with it too)."""
+        return self._tokenizer
 
     @classmethod
     def load(cls, model_dir: Path) -> Prompter:
@@ -38,7 +44,6 @@ class Prompter:
 
     def _render(self, messages: list[dict[str, str]]) -> list[int]:
         if getattr(self._tokenizer, "chat_template", None):
-            text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return list(self._tokenizer.encode(text, add_special_tokens=False))
+            return encode_chat(self._tokenizer, messages)
         plain = "\n\n".join(message["content"] for message in messages)
         return list(self._tokenizer.encode(plain, add_special_tokens=True))

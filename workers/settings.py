@@ -282,7 +282,8 @@ _RAMP = RampSchedule()
 
 
 class WarmupSettings(BaseModel):
-    """The staged cold start of a worker (``TAILCUT_WARMUP__NAME``); see ``warmup.ramp``."""
+    """The staged cold start (``warmup.ramp``) and prefix warmup (``warmup.prefixes``) of a worker
+    (``TAILCUT_WARMUP__NAME``)."""
 
     stage1_s: float = Field(
         _RAMP.stage1_s, ge=0, description="Stage 1: the model is loaded and 10% of the capacity is open this long."
@@ -292,6 +293,23 @@ class WarmupSettings(BaseModel):
         ge=0,
         description="Stage 2: the capacity grows in 20% steps over this long; then everything is open (both 0: "
         "no ramp).",
+    )
+
+    prefix_file: Path | None = Field(
+        None,
+        description="Q&A file (JSON Lines: question, answer, optional hits and system) whose most asked questions "
+        "a starting worker runs through its engine, one output token each, to fill the prefix cache (unset: no "
+        "prefix warmup; `warmup/qa/customer-service.jsonl` is a sample).",
+    )
+    prefix_top_n: int = Field(1000, ge=0, description="Prefix warmup: at most this many of the most asked questions.")
+    prefix_kv_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Prefix warmup: at most this share of the KV cache (new tokens past shared prefixes).",
+    )
+    prefix_concurrency: int = Field(
+        4, ge=1, description="Prefix warmup: prompts in the engine at once (only while no request waits or runs)."
     )
 
     def ramp(self) -> RampSchedule:

@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -29,12 +29,14 @@ from queues.messages import OutputEvent, RequestMessage
 from queues.output import OutputWriter, read_output
 from tailcut.errors import EngineDeadError, InvalidRequestError
 from tailcut.logs import log_event
+from warmup.prefixes import PrefixWarmer
 from workers.breakers import Breakers
 from workers.capacity import BudgetFollower, StepTimer, engine_view
 from workers.engines.base import Engine
 from workers.lifecycle import EngineCall, Finished, RequestLifecycle, Yield, error_event, resumed
 from workers.policies import make_scheduler
 from workers.prompter import Prompter
+from workers.reservation import ReservationRecord
 from workers.scheduling import EngineView, SchedRequest
 from workers.settings import WorkerSettings
 
@@ -69,8 +71,10 @@ class Worker:
         blocking_redis: aioredis.Redis,
         *,
         prompter: Prompter | None = None,
+        prefixes: Sequence[list[int]] = (),
     ) -> None:
-        """``prompter``: the served model's tokenizer for summaries; None: nothing degrades."""
+        """``prompter``: the served model's tokenizer for summaries; None: nothing degrades.
+        ``prefixes``: prompts to warm into the engine's prefix cache at start (``warmup.prefixes``)."""
         self._settings = settings
         self._engine = engine
         self._prompter = prompter
@@ -107,6 +111,11 @@ class Worker:
         # The staged cold start (``warmup.ramp``), counted from when the worker starts serving.
         self._ramp = settings.warmup.ramp()
         self._serving_since: float | None = None
+        self.prefix_warmer = (
+            PrefixWarmer(engine, prefixes, busy=self._busy, concurrency=settings.warmup.prefix_concurrency)
+            if prefixes
+            else None
+        )
         # Ids of the requests this worker brought to a terminal state, newest last (bounded).
         self.served_ids: deque[str] = deque(maxlen=SERVED_IDS_KEPT)
         self.stolen_ids: deque[str] = deque(maxlen=SERVED_IDS_KEPT)
@@ -117,6 +126,8 @@ class Worker:
         self.num_yielded = 0
         self.num_engine_calls = 0
         self.outcomes: Counter[str] = Counter()  # deliveries ended, by outcome
+        # How the scheduler's KV reservations fared, engine call by engine call (``workers.reservation``).
+        self.reservations = ReservationRecord()
 
     @property
     def worker_id(self) -> str:
@@ -156,6 +167,10 @@ class Worker:
         """Requests the engine may run at once now: ``num_running_max`` scaled by the ramp."""
         return self._ramp.capacity(self._ramp_elapsed_s(), self._settings.num_running_max)
 
+    def _busy(self) -> bool:
+        """Requests of its own run or wait here (prefix warmup then waits)."""
+        return bool(self._tasks) or self.scheduler.num_waiting > 0 or self._stopping.is_set()
+
     def requests_by_tier(self) -> dict[Tier, tuple[int, int]]:
         """(running, waiting here) per tier."""
         counts = {tier: [0, 0] for tier in TIERS}
@@ -180,6 +195,8 @@ class Worker:
             "state": "draining" if self._stopping.is_set() else "serving",
             "warmup_stage": self.warmup_stage,
             "capacity": round(self.capacity_fraction, 2),
+            # Prefix warmup: prompts warmed of those planned ("0/0": none).
+            "prefix_warmup": f"{self.prefix_warmer.done}/{self.prefix_warmer.total}" if self.prefix_warmer else "0/0",
             "running": sum(running for running, _ in by_tier.values()),
             "waiting": sum(waiting for _, waiting in by_tier.values()),
             "token_budget": self.token_budget or 0,
@@ -220,6 +237,9 @@ class Worker:
             helpers.append(asyncio.create_task(self._breaker_loop(), name="worker-breakers"))
         if self.scheduler.degrades and self._prompter is not None:
             helpers.append(asyncio.create_task(self._watch_heartbeats(), name="worker-degrade-watchdog"))
+        if self.prefix_warmer is not None:
+            # Alongside serving from the first second: warmup never holds readiness back.
+            helpers.append(asyncio.create_task(self._warm_prefixes(self.prefix_warmer), name="worker-prefix-warmup"))
         log_event(
             log,
             "worker_started",
@@ -386,7 +406,7 @@ class Worker:
         """Run one delivery of a request to its end; ``degrade_gap_ms``: a continuation that waited
         too long to resume, answered with its summary at once."""
         message = entry.message
-        life = RequestLifecycle(message, request, self.scheduler)
+        life = RequestLifecycle(message, request, self.scheduler, reservations=self.reservations)
         self._lives[message.id] = life
         started_ms = now_ms()
         outcome = "final"
@@ -568,6 +588,14 @@ class Worker:
             except RedisError as exc:
                 log_event(log, "breaker_refresh_failed", logging.WARNING, error=str(exc))
             await self._pause(BREAKER_REFRESH_S)
+
+    async def _warm_prefixes(self, warmer: PrefixWarmer) -> None:
+        try:
+            await warmer.run()
+        except EngineDeadError:
+            pass  # the worker's own requests meet it too, and stop the worker
+        except Exception:
+            log.exception("prefix_warmup_failed")
 
     async def report_event(self, event: dict[str, object]) -> None:
         """An event of this worker (or of a helper of its process: the GPU memory monitor, the loop

@@ -68,6 +68,6 @@ async def test_a_starting_worker_runs_no_more_than_its_ramp_allows(
     assert not over, f"more running than the ramp allowed: {over[:5]}"
     assert most[1] <= 2, most
     assert max(most[2], most[3]) >= 6, f"the ramp never opened up: {most}"
-    assert ready["warmup"][serving.worker_id] == {"stage": 3, "capacity": 1.0}
+    assert ready["warmup"][serving.worker_id] == {"stage": 3, "capacity": 1.0, "prefix_warmup": "0/0"}
     (shown,) = status["workers"]
     assert shown["warmup_stage"] == 3 and shown["capacity"] == 1.0
