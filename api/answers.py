@@ -11,6 +11,16 @@ usage — with ``"tailcut": {"cache": "hit"}`` on the final chunk (or the whole 
 never reaches Redis's intake or a worker (its id is not resumable). On an **admitted miss** (the K-th
 reference, ``queues.answers``) the reply is recorded as it streams and stored once it ends complete;
 a degraded, failed or cancelled reply is never stored.
+
+**The tiny-request pool** (DESIGN.md scheduling rule 10) is a second LRU-K pool of its own (its keys,
+its size bound ``TAILCUT_CACHE_TINY_MAX_ENTRIES``, its ``tailcut_tiny_pool_*`` metrics) for the
+replies to very short prompts, shared by every tenant. A request goes to it — and its key leaves the
+tenant out — exactly when it is eligible (above), its prompt is under ``TINY_PROMPT_TOKENS`` (8) tokens
+besides the chat template's own, and it carries no context of its tenant's: a completion prompt (the
+whole prompt is those few tokens), or a chat whose only message is the user's — no system prompt, no
+earlier turns. Anything else stays in the tenant's own cache. Such a reply is the same for whoever
+asks (same model, same prompt, same parameters, deterministic), so sharing it reveals no tenant's data;
+a hit says ``"pool": "tiny"`` beside ``"cache": "hit"``.
 """
 
 from __future__ import annotations
@@ -48,36 +58,50 @@ def model_identity(name: str, folder: Path) -> str:
     return f"{name}@{digest.hexdigest()[:16]}"
 
 
+TINY_PROMPT_TOKENS = 8
+# The tiny pool's stand-in for the tenant in its keys: one pool for all.
+SHARED_TENANT = "*"
+
+
 def eligible(message: RequestMessage) -> bool:
     return (message.sampling.temperature == 0 or message.sampling.seed is not None) and not message.idempotency_key
 
 
-def digest_of(message: RequestMessage, model_id: str) -> str:
+def is_tiny(message: RequestMessage, *, own_words_only: bool, template_tokens: int) -> bool:
+    """Whether the request belongs in the shared tiny pool: ``own_words_only`` (a completion prompt, or a
+    chat of one user message) and under ``TINY_PROMPT_TOKENS`` tokens besides ``template_tokens`` (the
+    chat template's own; 0 for a completion)."""
+    return own_words_only and len(message.prompt_token_ids) - template_tokens < TINY_PROMPT_TOKENS
+
+
+def digest_of(message: RequestMessage, model_id: str, *, tenant: str | None = None) -> str:
     sampling = dataclasses.asdict(message.sampling)
-    raw = orjson.dumps([message.tenant, model_id, message.prompt_token_ids, sampling], option=orjson.OPT_SORT_KEYS)
+    owner = message.tenant if tenant is None else tenant
+    raw = orjson.dumps([owner, model_id, message.prompt_token_ids, sampling], option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(raw).hexdigest()
 
 
 class AnswerCache:
-    """The API's side: look a request up, serve a hit, record and store an admitted miss."""
+    """The API's side of one pool: look a request up, serve a hit, record and store an admitted miss.
+    ``shared``: the tiny-request pool (keys without the tenant, metrics ``tailcut_tiny_pool_*``)."""
 
-    def __init__(self, store: AnswerStore, model_id: str, registry: CollectorRegistry) -> None:
+    def __init__(self, store: AnswerStore, model_id: str, registry: CollectorRegistry, *, shared: bool = False) -> None:
         self._store = store
         self.model_id = model_id
+        self.shared = shared
+        name, what = (
+            ("tailcut_tiny_pool", "the tiny-request pool") if shared else ("tailcut_answer_cache", "the answer cache")
+        )
         self.lookups = Counter(
-            "tailcut_answer_cache_lookups_total",
-            "Eligible requests looked up in the answer cache, by what they found: hit, miss, admit (a miss "
+            f"{name}_lookups_total",
+            f"Eligible requests looked up in {what}, by what they found: hit, miss, admit (a miss "
             "whose reply will be stored: its K-th reference), stale (an entry of another model, deleted).",
             ["tier", "result"],
             registry=registry,
         )
-        self.stored = Counter(
-            "tailcut_answer_cache_stored_total", "Replies stored in the answer cache.", registry=registry
-        )
+        self.stored = Counter(f"{name}_stored_total", f"Replies stored in {what}.", registry=registry)
         self.evicted = Counter(
-            "tailcut_answer_cache_evictions_total",
-            "Entries evicted to keep the cache within its size.",
-            registry=registry,
+            f"{name}_evictions_total", f"Entries evicted to keep {what} within its size.", registry=registry
         )
         for tier in TIERS:
             for result in ("hit", "miss", "admit", "stale"):
@@ -88,7 +112,7 @@ class AnswerCache:
         (the request then simply runs)."""
         if not eligible(message):
             return None
-        digest = digest_of(message, self.model_id)
+        digest = digest_of(message, self.model_id, tenant=SHARED_TENANT if self.shared else None)
         try:
             found = await self._store.reference(digest, self.model_id, now_ms=int(time.time() * 1000))
         except RedisError as exc:

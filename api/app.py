@@ -68,10 +68,13 @@ def create_app(
         metrics.watch_queues(backlog)
         status = StatusWindow(metrics.exposed, window_s=settings.status_window_s)
         status.start()
-        answers = None
+        answers = tiny_answers = None
         if settings.cache_enabled:
-            store = AnswerStore(redis, keys, settings.cache_config())
-            answers = AnswerCache(store, model_identity(model.name, folder), metrics.registry)
+            model_id = model_identity(model.name, folder)
+            answers = AnswerCache(AnswerStore(redis, keys, settings.cache_config()), model_id, metrics.registry)
+            if settings.cache_tiny_max_entries:
+                tiny = AnswerStore(redis, keys, settings.cache_config(tiny=True), pool="tiny")
+                tiny_answers = AnswerCache(tiny, model_id, metrics.registry, shared=True)
         state = ApiState(
             settings=settings,
             keys=keys,
@@ -86,6 +89,7 @@ def create_app(
             metrics=metrics,
             status=status,
             answers=answers,
+            tiny_answers=tiny_answers,
         )
         app.state.tailcut = state
 

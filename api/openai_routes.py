@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from admission.request import DEFAULT_TENANT, ChatPrompt, GenerationRequest, Prompt, TextPrompt, TokenPrompt
-from api.answers import Recorder, cached_batches
+from api.answers import AnswerCache, Recorder, cached_batches, is_tiny
 from api.auth import check_auth, get_state
 from api.errors import error_response
 from api.render import renderer_for
@@ -61,7 +61,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     messages = [{"role": message.role, "content": message.text()} for message in body.messages]
     max_tokens = body.max_completion_tokens or body.max_tokens
     generation = generation_request(body, ChatPrompt(messages), request, max_tokens=max_tokens)
-    return await respond(get_state(request), request, body, generation, "chat")
+    # Only the user's own words (no system prompt, no earlier turns): a tiny one may use the shared pool.
+    own_words_only = len(messages) == 1 and messages[0]["role"] == "user"
+    return await respond(get_state(request), request, body, generation, "chat", own_words_only=own_words_only)
 
 
 @router.post("/v1/completions")
@@ -70,7 +72,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     if body.echo or body.suffix:
         raise InvalidRequestError("`echo` and `suffix` are not supported", param="echo" if body.echo else "suffix")
     generation = generation_request(body, completion_prompt(body), request, max_tokens=body.max_tokens)
-    return await respond(get_state(request), request, body, generation, "completion")
+    return await respond(get_state(request), request, body, generation, "completion", own_words_only=True)
 
 
 def completion_prompt(body: CompletionRequest) -> Prompt:
@@ -153,12 +155,25 @@ async def recorded(batches: AsyncIterator[list[OutputEvent]], recorder: Recorder
         yield batch
 
 
+def answer_pool(state: ApiState, message: RequestMessage, route: Route, *, own_words_only: bool) -> AnswerCache | None:
+    """The answer cache a request looks in: the shared tiny-request pool or its tenant's (``api.answers``)."""
+    tokenizer = state.admitter.tokenizer
+    template_tokens = tokenizer.template_tokens if route == "chat" and tokenizer is not None else 0
+    if state.tiny_answers is not None and is_tiny(
+        message, own_words_only=own_words_only, template_tokens=template_tokens
+    ):
+        return state.tiny_answers
+    return state.answers
+
+
 async def respond(
     state: ApiState,
     request: Request,
     body: GenerationFields,
     generation: GenerationRequest,
     route: Route,
+    *,
+    own_words_only: bool,
 ) -> Response:
     state.drain.refuse_if_draining()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -182,7 +197,8 @@ async def respond(
     try:
         message = await admit(state, generation, record)
         message.idempotency_key = idempotency_key
-        found = await state.answers.lookup(message) if state.answers is not None else None
+        pool = answer_pool(state, message, route, own_words_only=own_words_only)
+        found = await pool.lookup(message) if pool is not None else None
         if found is not None and found[1].result == "hit":
             cached = found[1].reply
         else:
@@ -197,7 +213,7 @@ async def respond(
     headers = {REQUEST_ID_HEADER: message.id}
     if cached is not None:
         # Answered from the cache: nothing was enqueued, so nothing is cancelled if the client leaves.
-        renderer.marker = {"cache": "hit"}
+        renderer.marker = {"cache": "hit", "pool": "tiny"} if pool is not None and pool.shared else {"cache": "hit"}
         batches = cached_batches(message.id, cached)
         if body.stream:
             frames = event_stream(
@@ -206,8 +222,8 @@ async def respond(
             return EventStreamResponse(frames, headers=headers)
         return OrjsonResponse(await collect(batches, renderer, tracker), headers=headers)
     batches = reply_batches(stream)
-    if found is not None and found[1].result == "admit" and state.answers is not None:
-        batches = recorded(batches, state.answers.recorder(found[0], found[1].score, state.spawn))
+    if found is not None and found[1].result == "admit" and pool is not None:
+        batches = recorded(batches, pool.recorder(found[0], found[1].score, state.spawn))
     if body.stream:
         frames = event_stream(
             state, message.id, batches, renderer, tracker=tracker, opening=True, resumable=record.resumable

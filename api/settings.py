@@ -53,6 +53,12 @@ class ApiSettings(AdmissionSettings, ReplySettings):
     cache_max_entries: int = Field(
         _CACHE.max_entries, ge=1, description="Most cached replies; past it the oldest K-th reference goes first."
     )
+    cache_tiny_max_entries: int = Field(
+        1000,
+        ge=0,
+        description="Most replies in the tiny-request pool (prompts under 8 tokens with no tenant context, shared "
+        "by all tenants); 0: no pool, such requests use their tenant's cache.",
+    )
     slo_realtime_ttft_ms: int = Field(
         int(_SLO.realtime_ttft_s * 1000), ge=0, description="Realtime SLO: time to first token (0: no target)."
     )
@@ -104,9 +110,13 @@ class ApiSettings(AdmissionSettings, ReplySettings):
         0.1, gt=0, le=10, description="How often the API reads the intake streams' backlog for shedding."
     )
 
-    def cache_config(self) -> CacheConfig:
+    def cache_config(self, *, tiny: bool = False) -> CacheConfig:
+        """The answer cache's, or (``tiny``) the tiny-request pool's: the same rules, its own size."""
         return CacheConfig(
-            k=self.cache_k, history_s=self.cache_history_s, ttl_s=self.cache_ttl_s, max_entries=self.cache_max_entries
+            k=self.cache_k,
+            history_s=self.cache_history_s,
+            ttl_s=self.cache_ttl_s,
+            max_entries=self.cache_tiny_max_entries if tiny else self.cache_max_entries,
         )
 
     def slo_targets(self) -> SloTargets:

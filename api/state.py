@@ -41,6 +41,8 @@ class ApiState:
     status: StatusWindow
     # The answer cache of deterministic requests (None: TAILCUT_CACHE_ENABLED=false).
     answers: AnswerCache | None
+    # The shared pool of tiny requests' answers (None: the cache is off or the pool's size is 0).
+    tiny_answers: AnswerCache | None
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @property

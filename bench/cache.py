@@ -69,11 +69,15 @@ class Side:
         return self.lookups.get("hit", 0.0) / max(1, self.ok)
 
 
+# Both pools: the tenants' answer cache and the shared tiny-request pool.
+LOOKUP_SAMPLES = ("tailcut_answer_cache_lookups_total", "tailcut_tiny_pool_lookups_total")
+
+
 def lookups_of(metrics: str) -> dict[str, float]:
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics):
         for sample in family.samples:
-            if sample.name == "tailcut_answer_cache_lookups_total":
+            if sample.name in LOOKUP_SAMPLES:
                 result = sample.labels["result"]
                 found[result] = found.get(result, 0.0) + sample.value
     return found

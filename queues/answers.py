@@ -92,17 +92,21 @@ class Reference:
 
 
 class AnswerStore:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, config: CacheConfig) -> None:
+    """One LRU-K pool: ``pool`` "" is the per-tenant answer cache, "tiny" the shared pool of tiny
+    requests (its own keys, index and size bound)."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, config: CacheConfig, *, pool: str = "") -> None:
         self._redis = redis
         self._keys = keys
         self.config = config
+        self.pool = pool
 
     async def reference(self, digest: str, model_id: str, *, now_ms: int) -> Reference:
         keys = self._keys
         reply = await scripts.run(
             self._redis,
             REFERENCE,
-            [keys.answer(digest), keys.answer_history(digest), keys.answer_index],
+            [keys.answer(digest, self.pool), keys.answer_history(digest, self.pool), keys.answer_index(self.pool)],
             [now_ms, self.config.k, int(self.config.history_s * 1000), model_id],
         )
         result = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
@@ -120,13 +124,13 @@ class AnswerStore:
         evicted = await scripts.run(
             self._redis,
             STORE,
-            [self._keys.answer(digest), self._keys.answer_index],
+            [self._keys.answer(digest, self.pool), self._keys.answer_index(self.pool)],
             [model_id.encode() + b"\n" + reply, int(self.config.ttl_s * 1000), score, self.config.max_entries],
         )
         return int(evicted)
 
     async def cached(self) -> list[str]:
         """Digests in the eviction index (tests, diagnosis)."""
-        prefix = self._keys.answer("")
-        members = await self._redis.zrange(self._keys.answer_index, 0, -1)
+        prefix = self._keys.answer("", self.pool)
+        members = await self._redis.zrange(self._keys.answer_index(self.pool), 0, -1)
         return [member.decode().removeprefix(prefix) for member in members]

@@ -114,18 +114,18 @@ class Keys:
         # Lock that lets one worker per interval evaluate the window rules for all.
         return f"{self.prefix}breaker:evaluation"
 
-    def answer(self, digest: str) -> str:
+    def answer(self, digest: str, pool: str = "") -> str:
         # A cached reply of a deterministic request (``queues.answers``): model identity, newline, reply.
-        return f"{self.prefix}ans:e:{digest}"
+        # ``pool``: "" the per-tenant answer cache, "tiny" the shared pool of tiny requests.
+        return f"{self.prefix}ans:{_pool(pool)}e:{digest}"
 
-    def answer_history(self, digest: str) -> str:
+    def answer_history(self, digest: str, pool: str = "") -> str:
         # List of the last K reference times (ms) of an answer-cache key, newest first.
-        return f"{self.prefix}ans:h:{digest}"
+        return f"{self.prefix}ans:{_pool(pool)}h:{digest}"
 
-    @property
-    def answer_index(self) -> str:
+    def answer_index(self, pool: str = "") -> str:
         # Sorted set of the cached answers' keys scored by their K-th most recent reference: eviction order.
-        return f"{self.prefix}ans:index"
+        return f"{self.prefix}ans:{_pool(pool)}index"
 
     @property
     def arq_queue(self) -> str:
@@ -147,3 +147,7 @@ class Keys:
         # Hash of a running job's finished chunk answers by index: a job that arq runs again (its
         # jobs process stopped) skips the chunks already answered.
         return f"{self.prefix}job:{job_id}:chunks"
+
+
+def _pool(pool: str) -> str:
+    return f"{pool}:" if pool else ""

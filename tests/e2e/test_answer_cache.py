@@ -53,7 +53,7 @@ async def test_a_repeated_greedy_request_is_answered_from_the_cache_as_the_engin
         second = await streamed(client, **greedy)  # the K-th (2nd) reference: generated, then stored
         async with asyncio.timeout(10):
             # A reply reaches its client before its worker counts it, and before the API stores it.
-            while len(worker.served_ids) < 2 or not await stack.redis.zcard(stack.keys.answer_index):
+            while len(worker.served_ids) < 2 or not await stack.redis.zcard(stack.keys.answer_index()):
                 await asyncio.sleep(0.02)
         served_before = len(worker.served_ids)
         third = await streamed(client, **greedy)  # a hit
@@ -73,6 +73,7 @@ async def test_a_repeated_greedy_request_is_answered_from_the_cache_as_the_engin
         assert len(worker.served_ids) == 2 + 1 + 3, "another tenant's and sampled requests all run"
         async with httpx.AsyncClient(base_url=stack.base_url) as http:
             metrics = (await http.get("/metrics")).text
+        await client.close()
     assert comparable(third) == comparable(second), "the cached reply differs from the one it stored"
     assert [chunk.get("tailcut") for chunk in third if chunk.get("tailcut")] == [{"cache": "hit"}]
     assert not any(chunk.get("tailcut") for chunk in second + other_tenant)
@@ -90,3 +91,65 @@ async def test_a_repeated_greedy_request_is_answered_from_the_cache_as_the_engin
     # first: miss; second: admit; third and the whole body: hits; the other tenant's: a miss of its own key.
     assert lookups == {"miss": 2, "admit": 1, "hit": 2, "stale": 0}, lookups
     assert len(sampled) == 3
+
+
+def lookups_of(metrics: str, family: str) -> dict[str, float]:
+    return {
+        sample.labels["result"]: sample.value
+        for parsed in text_string_to_metric_families(metrics)
+        for sample in parsed.samples
+        if sample.name == f"{family}_lookups_total" and sample.labels["tier"] == "normal"
+    }
+
+
+async def test_a_tiny_request_without_tenant_context_is_shared_by_every_tenant_and_nothing_else_is(
+    redis_url: str, tiny_model: Path, engine: VllmEngine
+) -> None:
+    async with running_stack(redis_url, tiny_model, engine, cache_enabled=True) as stack:
+        (worker,) = stack.workers
+        client = AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="unused")
+
+        async def ask(messages: list[dict[str, str]], tenant: str) -> list[dict[str, Any]]:
+            stream = await client.chat.completions.create(
+                model="tiny",
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=8,
+                stream=True,
+                temperature=0,
+                user=tenant,
+                extra_body={"ignore_eos": True},
+            )
+            return [chunk.to_dict() async for chunk in stream]
+
+        async def stored(pool: str, count: int) -> None:
+            async with asyncio.timeout(10):  # a reply reaches its client before the API stores it
+                while await stack.redis.zcard(stack.keys.answer_index(pool)) < count:
+                    await asyncio.sleep(0.02)
+
+        hello = [{"role": "user", "content": "hi"}]  # 2 tokens of the tiny model's
+        with_system = [{"role": "system", "content": "you are acme's desk"}, *hello]
+        longer = [{"role": "user", "content": "What are your opening hours?"}]  # 19 tokens
+        for messages in (hello, with_system, longer):
+            await ask(messages, "acme")
+            await ask(messages, "acme")  # the K-th reference: stored
+        await stored("tiny", 1)
+        await stored("", 2)
+        served_before = len(worker.served_ids)
+        shared = await ask(hello, "globex")
+        assert len(worker.served_ids) == served_before, "the tiny request reached a worker"
+        with_context = await ask(with_system, "globex")
+        not_tiny = await ask(longer, "globex")
+        async with asyncio.timeout(10):
+            while len(worker.served_ids) < served_before + 2:
+                await asyncio.sleep(0.02)
+        async with httpx.AsyncClient(base_url=stack.base_url) as http:
+            metrics = (await http.get("/metrics")).text
+        await client.close()
+    assert [chunk.get("tailcut") for chunk in shared if chunk.get("tailcut")] == [{"cache": "hit", "pool": "tiny"}]
+    assert content(shared), "an empty reply proves nothing"
+    assert not any(chunk.get("tailcut") for chunk in with_context + not_tiny), "another tenant's context was shared"
+    # Only "hi" went to the tiny pool: miss, admit, then globex's hit.
+    assert lookups_of(metrics, "tailcut_tiny_pool") == {"miss": 1, "admit": 1, "hit": 1, "stale": 0}
+    # The rest stayed in the tenants' own cache: acme's two keys (miss, admit each), globex's two misses.
+    assert lookups_of(metrics, "tailcut_answer_cache") == {"miss": 4, "admit": 2, "hit": 0, "stale": 0}
+    assert "tailcut_tiny_pool_stored_total 1.0" in metrics

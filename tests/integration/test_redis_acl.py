@@ -536,7 +536,7 @@ async def test_api_worker_and_jobs_process_serve_through_their_own_users(
                 assert answer.status_code == 200, answer.text
                 if attempt == 1:
                     await wait_until(
-                        lambda: admin.zcard(KEYS.answer_index), timeout_s=5, what="the repeat's reply stored"
+                        lambda: admin.zcard(KEYS.answer_index()), timeout_s=5, what="the repeat's reply stored"
                     )
             assert answer.json().get("tailcut") == {"cache": "hit"}, answer.json()
 

@@ -44,6 +44,7 @@ from tailcut.loopwatch import LoopWatch
 from tailcut.settings import CommonSettings
 from workers.gpu_memory import GpuMemoryMonitor
 from workers.metrics import worker_registry
+from workers.reservation import ReservationRecord
 from workers.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -684,6 +685,8 @@ class _IdleWorker:
     kv_capacity_tokens = 0
     warmup_stage = 3
     capacity_fraction = 1.0
+    prefix_warmer = None
+    reservations = ReservationRecord()
     num_preempted = num_yielded = num_engine_calls = num_degraded = 0
     outcomes: typing.ClassVar[dict[str, int]] = {}
     breakers = types.SimpleNamespace(views={})
@@ -892,7 +895,10 @@ def test_redis_acl_covers_the_keys_and_channels_of_each_role(tmp_path: Path) -> 
             keys.events,
             keys.answer("d"),
             keys.answer_history("d"),
-            keys.answer_index,
+            keys.answer_index(),
+            keys.answer("d", "tiny"),
+            keys.answer_history("d", "tiny"),
+            keys.answer_index("tiny"),
             keys.job(job),
             keys.job_chunks(job),
             keys.arq_queue,
