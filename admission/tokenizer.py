@@ -29,6 +29,11 @@ class PromptTokenizer:
         )
 
     @property
+    def tokenizer(self) -> Any:
+        """The served model's Hugging Face tokenizer (for work at start, off the request path)."""
+        return self._tokenizer
+
+    @property
     def pool(self) -> ThreadPoolExecutor:
         """The threads that tokenize (watched for a growing queue)."""
         return self._pool

@@ -17,6 +17,7 @@ from admission.tokenizer import PromptTokenizer
 from api import debug, errors, health, jobs_routes, openai_routes, replay, status_routes
 from api.answers import AnswerCache, model_identity
 from api.metrics import ApiMetrics
+from api.seeded import SeededAnswers
 from api.settings import ApiSettings
 from api.shutdown import Drain
 from api.state import ApiState
@@ -68,7 +69,14 @@ def create_app(
         metrics.watch_queues(backlog)
         status = StatusWindow(metrics.exposed, window_s=settings.status_window_s)
         status.start()
-        answers = tiny_answers = None
+        answers = tiny_answers = seeded = None
+        if settings.cache_enabled and settings.cache_seed_file is not None:
+            seeded = SeededAnswers.load(
+                settings.cache_seed_file,
+                tokenizer.tokenizer,
+                top_n=settings.cache_seed_top_n,
+                registry=metrics.registry,
+            )
         if settings.cache_enabled:
             model_id = model_identity(model.name, folder)
             answers = AnswerCache(AnswerStore(redis, keys, settings.cache_config()), model_id, metrics.registry)
@@ -90,6 +98,7 @@ def create_app(
             status=status,
             answers=answers,
             tiny_answers=tiny_answers,
+            seeded=seeded,
         )
         app.state.tailcut = state
 

@@ -194,13 +194,18 @@ async def respond(
         if holder is not None:
             return await replay(state, request, holder, stream=body.stream, fingerprint=record.fingerprint)
     cached: bytes | None = None
+    marker: dict[str, str] = {}
     try:
         message = await admit(state, generation, record)
         message.idempotency_key = idempotency_key
         pool = answer_pool(state, message, route, own_words_only=own_words_only)
-        found = await pool.lookup(message) if pool is not None else None
-        if found is not None and found[1].result == "hit":
+        seeded = state.seeded.reply_for(message) if state.seeded is not None else None
+        found = await pool.lookup(message) if pool is not None and seeded is None else None
+        if seeded is not None:
+            cached, marker = seeded, {"cache": "seeded"}
+        elif found is not None and found[1].result == "hit":
             cached = found[1].reply
+            marker = {"cache": "hit", "pool": "tiny"} if pool is not None and pool.shared else {"cache": "hit"}
         else:
             stream = await enqueue(state, message, record)
     except TailcutError:
@@ -213,7 +218,7 @@ async def respond(
     headers = {REQUEST_ID_HEADER: message.id}
     if cached is not None:
         # Answered from the cache: nothing was enqueued, so nothing is cancelled if the client leaves.
-        renderer.marker = {"cache": "hit", "pool": "tiny"} if pool is not None and pool.shared else {"cache": "hit"}
+        renderer.marker = marker
         batches = cached_batches(message.id, cached)
         if body.stream:
             frames = event_stream(

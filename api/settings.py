@@ -53,6 +53,12 @@ class ApiSettings(AdmissionSettings, ReplySettings):
     cache_max_entries: int = Field(
         _CACHE.max_entries, ge=1, description="Most cached replies; past it the oldest K-th reference goes first."
     )
+    cache_seed_file: Path | None = Field(
+        None,
+        description="Q&A file (JSON Lines) whose answers are served, marked `seeded`, to plain greedy chats that ask "
+        "exactly its questions (optional; the answer is the file's, not the model's).",
+    )
+    cache_seed_top_n: int = Field(1000, ge=0, description="Seeded answers: at most this many most asked questions.")
     cache_tiny_max_entries: int = Field(
         1000,
         ge=0,

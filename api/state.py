@@ -15,6 +15,7 @@ from admission.request import ServedModel
 from admission.shedding import Backlog
 from api.answers import AnswerCache
 from api.metrics import ApiMetrics
+from api.seeded import SeededAnswers
 from api.settings import ApiSettings
 from api.shutdown import Drain
 from api.status import StatusWindow
@@ -41,6 +42,8 @@ class ApiState:
     status: StatusWindow
     # The answer cache of deterministic requests (None: TAILCUT_CACHE_ENABLED=false).
     answers: AnswerCache | None
+    # The Q&A file's own answers, served marked `seeded` (None: TAILCUT_CACHE_SEED_FILE unset).
+    seeded: SeededAnswers | None
     # The shared pool of tiny requests' answers (None: the cache is off or the pool's size is 0).
     tiny_answers: AnswerCache | None
     _background: set[asyncio.Task[Any]] = field(default_factory=set)

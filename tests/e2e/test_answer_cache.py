@@ -1,6 +1,8 @@
 """The answer cache end to end on the real engine (CPU, tiny model), read by the ``openai`` client: the
 K-th repeat of a deterministic request is stored, the next is served without the engine and is the same
-reply but for its ``tailcut`` marker; another tenant never gets it; a sampled request is never cached."""
+reply but for its ``tailcut`` marker; another tenant never gets it; a sampled request is never cached.
+The tiny-request pool is shared across tenants only without tenant context; seeded answers are the Q&A
+file's, marked so, for exactly their questions."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
@@ -153,3 +156,55 @@ async def test_a_tiny_request_without_tenant_context_is_shared_by_every_tenant_a
     # The rest stayed in the tenants' own cache: acme's two keys (miss, admit each), globex's two misses.
     assert lookups_of(metrics, "tailcut_answer_cache") == {"miss": 4, "admit": 2, "hit": 0, "stale": 0}
     assert "tailcut_tiny_pool_stored_total 1.0" in metrics
+
+
+async def test_a_seeded_answer_is_the_files_own_answer_marked_seeded_for_exactly_its_question(
+    redis_url: str, tiny_model: Path, engine: VllmEngine, tmp_path: Path
+) -> None:
+    answer = "Orders ship within one business day; follow yours under Account > Orders."
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(
+        orjson.dumps({"question": "where is my order", "answer": answer, "hits": 9}).decode()
+        + "\n"
+        + orjson.dumps({"question": "can I cancel", "answer": "Yes, within an hour.", "system": "acme desk"}).decode()
+        + "\n"
+    )
+    asked = [{"role": "user", "content": "where is my order"}]
+    async with running_stack(redis_url, tiny_model, engine, cache_enabled=True, cache_seed_file=qa) as stack:
+        (worker,) = stack.workers
+        client = AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="unused")
+
+        async def ask(messages: list[dict[str, str]], **extra: Any) -> list[dict[str, Any]]:
+            stream = await client.chat.completions.create(
+                model="tiny",
+                messages=messages,  # type: ignore[arg-type]
+                stream=True,
+                stream_options={"include_usage": True},
+                **{"temperature": 0, "max_tokens": 200, **extra},
+            )
+            return [chunk.to_dict() async for chunk in stream]
+
+        seeded = await ask(asked)
+        cut = await ask(asked, max_tokens=5)
+        with_system = await ask(
+            [{"role": "system", "content": "acme desk"}, {"role": "user", "content": "can I cancel"}]
+        )
+        assert not worker.served_ids, "a seeded answer reached a worker"
+        sampled = await ask(asked, temperature=0.8, max_tokens=4)
+        without_its_system = await ask([{"role": "user", "content": "can I cancel"}], max_tokens=4)
+        async with asyncio.timeout(10):
+            while len(worker.served_ids) < 2:
+                await asyncio.sleep(0.02)
+        async with httpx.AsyncClient(base_url=stack.base_url) as http:
+            metrics = (await http.get("/metrics")).text
+        await client.close()
+    markers = [chunk.get("tailcut") for chunk in seeded if chunk.get("tailcut")]
+    assert markers == [{"cache": "seeded"}]
+    assert content(seeded) == answer
+    finish = [chunk["choices"][0]["finish_reason"] for chunk in seeded + cut if chunk["choices"]]
+    assert [reason for reason in finish if reason] == ["stop", "length"]
+    assert answer.startswith(content(cut)) and content(cut) != answer
+    assert cut[-1]["usage"]["completion_tokens"] <= 5
+    assert content(with_system) == "Yes, within an hour."
+    assert not any(chunk.get("tailcut") for chunk in sampled + without_its_system), "generated replies are not seeded"
+    assert 'tailcut_seeded_answers_total{tier="normal"} 3.0' in metrics
