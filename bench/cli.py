@@ -352,12 +352,39 @@ def _add_vs_vllm_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentP
     cache.add_argument("--out", help="folder for cache.json and the processes' logs")
     cache.set_defaults(func=cmd_cache)
 
+    warmup = bench_sub.add_parser(
+        "warmup",
+        help="LIVE: TTFT of a fresh worker's first requests, cold against prefix-warmed (real engine)",
+        description="Sends REQUESTS questions of a Q&A file (drawn by hit count, as the chat prompts the API builds) "
+        "to a fresh worker, cold and then prefix-warmed (TAILCUT_WARMUP__PREFIX_FILE, traffic after its warmup is "
+        "done), each on a fresh Redis, worker and engine; ROUNDS alternate them. Reports TTFT P50/P99 of all "
+        "requests and of each question's first ask, warmed / cold.",
+    )
+    warmup.add_argument("--model", default="smollm2", help="model folder or `smollm2` (default, embedded)")
+    warmup.add_argument("--qa", help="Q&A file (JSON Lines; default: warmup/qa/customer-service.jsonl)")
+    warmup.add_argument("--requests", type=int, default=200, help="requests per side")
+    warmup.add_argument("--rate", type=float, default=4.0, help="requests per second (Poisson)")
+    warmup.add_argument("--tokens", type=int, default=16, help="output tokens per request (ignore_eos)")
+    warmup.add_argument("--rounds", type=int, default=1, help="cold/warmed pairs, alternated")
+    warmup.add_argument("--max-model-len", dest="max_model_len", type=int, default=2048)
+    warmup.add_argument("--seed", type=int, default=0, help="trace seed")
+    warmup.add_argument("--timeout-s", dest="timeout_s", type=float, default=600.0, help="limit of each side")
+    warmup.add_argument("--out", help="folder for warmup.json and the processes' logs")
+    warmup.set_defaults(func=cmd_warmup)
+
 
 @starts_servers
 def cmd_cache(args: argparse.Namespace) -> None:
     from bench import cache
 
     cache.command(args)
+
+
+@starts_servers
+def cmd_warmup(args: argparse.Namespace) -> None:
+    from bench import warmup
+
+    warmup.command(args)
 
 
 @starts_servers

@@ -45,11 +45,15 @@ def prompt_token_ids(index: int, num_tokens: int, *, salt: int = 0) -> list[int]
 
 
 def completion_body(model: str, arrival: Arrival, *, salt: int = 0) -> dict[str, Any]:
+    if arrival.prompt_ids is not None:
+        prompt = list(arrival.prompt_ids)
+    else:
+        prompt = prompt_token_ids(
+            arrival.index if arrival.prompt_of is None else arrival.prompt_of, arrival.prompt_tokens, salt=salt
+        )
     return {
         "model": model,
-        "prompt": prompt_token_ids(
-            arrival.index if arrival.prompt_of is None else arrival.prompt_of, arrival.prompt_tokens, salt=salt
-        ),
+        "prompt": prompt,
         "max_tokens": arrival.output_tokens,
         "ignore_eos": True,
         "temperature": 0,

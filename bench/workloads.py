@@ -144,6 +144,8 @@ class Arrival:
     output_tokens: int
     # An exact repeat of an earlier request sends that one's prompt (``bench.client.prompt_token_ids``).
     prompt_of: int | None = None
+    # The prompt itself, when the benchmark asks real questions (``bench.warmup``); else synthetic ids.
+    prompt_ids: tuple[int, ...] | None = None
 
 
 def draw_requests(workload: Workload, count: int, rng: np.random.Generator) -> list[Arrival]:
