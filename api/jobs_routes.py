@@ -156,6 +156,10 @@ async def job_view(state: ApiState, job_id: str) -> dict[str, Any]:
         job = arq_job(state, job_id)
         info = await job.result_info()
         arq_status = None if info is not None else await job.status()
+        if arq_status == ArqStatus.complete:
+            # arq stored the result between the two reads: read it, rather than show the job
+            # complete with no result.
+            info = await job.result_info()
     except RedisError as exc:
         raise ServiceUnavailableError(f"the job store (Redis) does not answer: {exc}") from exc
     status: JobStatus = progress.status

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -529,16 +530,19 @@ async def test_api_worker_and_jobs_process_serve_through_their_own_users(
                     payloads = [payload async for _id, payload in sse_frames(response)]
                 assert payloads[-1] == DONE and not any("error" in p for p in payloads if isinstance(p, dict)), payloads
 
-            # The answer cache: the second greedy repeat is stored, the third is a hit.
-            greedy = {**body, "stream": False, "temperature": 0, "prompt": [9, 8, 7]}
-            for attempt in range(3):
-                answer = await client.post("/v1/completions", json=greedy)
-                assert answer.status_code == 200, answer.text
-                if attempt == 1:
-                    await wait_until(
-                        lambda: admin.zcard(KEYS.answer_index()), timeout_s=5, what="the repeat's reply stored"
-                    )
-            assert answer.json().get("tailcut") == {"cache": "hit"}, answer.json()
+            # The answer cache and the tiny pool: the second greedy repeat is stored, the third is a hit.
+            for prompt, pool, marker in (
+                (list(range(9, 30)), "", {"cache": "hit"}),
+                ([9, 8, 7], "tiny", {"cache": "hit", "pool": "tiny"}),
+            ):
+                greedy = {**body, "stream": False, "temperature": 0, "prompt": prompt}
+                for attempt in range(3):
+                    answer = await client.post("/v1/completions", json=greedy)
+                    assert answer.status_code == 200, answer.text
+                    if attempt == 1:
+                        stored = functools.partial(admin.zcard, KEYS.answer_index(pool))
+                        await wait_until(stored, timeout_s=5, what="the repeat's reply stored")
+                assert answer.json().get("tailcut") == marker, answer.json()
 
             headers = {"Idempotency-Key": "acl-1"}
             first = await client.post("/v1/completions", json={**body, "stream": False}, headers=headers)
