@@ -8,7 +8,9 @@ scheduling policy (``workers.policies.make_scheduler``) decides every round on t
 ``workers.capacity.engine_view`` the worker builds; each admitted request runs as a
 ``workers.lifecycle.RequestLifecycle`` — the worker's per-request state machine, which names the
 engine calls, turns outputs into events and decides at each slice boundary whether to finish, go on or
-yield; the engine's step budget follows the scheduler's by the worker's ``BudgetFollower`` rule. The
+yield; the engine's step budget follows the scheduler's by the worker's ``BudgetFollower`` rule. A
+multi-turn session's turns share their leading prompt ids (``bench.workloads.sim_session_token_ids``),
+so the engine's prefix cache serves a later turn the earlier prompt it repeats. The
 decisions are carried out on ``SimEngine``, whose steps take the time the cost model gives them. A
 10-minute seed-mix trace runs in seconds, and the same seed gives the same figures in any process.
 
@@ -43,7 +45,7 @@ from admission.request import GenerationRequest, ServedModel, TokenPrompt
 from admission.settings import AdmissionSettings
 from admission.shedding import ShedLimits
 from bench.static_batch import StaticBatch
-from bench.workloads import Arrival, Workload, draw_requests
+from bench.workloads import Arrival, Workload, draw_requests, sim_session_token_ids
 from queues.keys import Tier
 from queues.messages import RequestMessage, SamplingOptions
 from tailcut.errors import OverloadedError
@@ -114,6 +116,11 @@ class SimRecord:
     e2e_ms: float | None = None
     output_tokens: int = 0
     engine_calls: int = 0
+    # Arrival → the engine first scheduled it (WORKLOADS.md's queue wait, wherever it waited: in
+    # tailcut's queues or in a plain engine's own; an expired request: until it was dropped), and its
+    # prompt tokens the prefix cache served then.
+    queue_wait_ms: float | None = None
+    cached_prompt_tokens: int = 0
 
     @property
     def tpot_ms(self) -> float | None:
@@ -241,7 +248,7 @@ class _Driver:
     def arrive(self, arrival: Arrival) -> SimRecord:
         exact = self.config.max_tokens == "exact"
         request = GenerationRequest(
-            prompt=TokenPrompt(self._prompt_ids(arrival.prompt_tokens)),
+            prompt=TokenPrompt(self._prompt_ids(arrival)),
             reply_to="sim",
             tier=arrival.tier,
             tenant=arrival.tenant,
@@ -262,8 +269,11 @@ class _Driver:
         self.scheduler.add(SchedRequest.of(message))
         return record
 
-    def _prompt_ids(self, count: int) -> list[int]:
-        first, self.next_prompt_id = self.next_prompt_id, self.next_prompt_id + count
+    def _prompt_ids(self, arrival: Arrival) -> list[int]:
+        if arrival.session is not None:
+            # A session's turns share their leading ids: turn k's prompt starts with turn k-1's.
+            return sim_session_token_ids(arrival.session, arrival.prompt_tokens)
+        first, self.next_prompt_id = self.next_prompt_id, self.next_prompt_id + arrival.prompt_tokens
         return list(range(first, self.next_prompt_id))
 
     # --- one round ------------------------------------------------------------------------------
@@ -284,6 +294,7 @@ class _Driver:
             life = RequestLifecycle(request.message, admitted, self.scheduler, reservations=self.reservations)
             if life.expired(now_ms):  # as the worker: its deadline passed before it could start
                 request.record.status = "expired"
+                request.record.queue_wait_ms = now_ms - request.arrival.at_s * 1000  # waited, then dropped
                 self.scheduler.finish(admitted.id, admitted)
                 del self.by_id[admitted.id]
                 continue
@@ -327,6 +338,11 @@ class _Driver:
         """Hand out the step's tokens (counted per tier into ``tokens_per_tier`` when given)."""
         end_us = step.end_us
         self.step.observe(step.duration_us / 1000)
+        for engine_id, num_cached in step.num_cached_tokens.items():
+            admitted = self.by_engine_id.get(engine_id)
+            if admitted is not None and admitted.record.queue_wait_ms is None:
+                admitted.record.queue_wait_ms = step.start_us / 1000 - admitted.arrival.at_s * 1000
+                admitted.record.cached_prompt_tokens = num_cached
         for engine_id, token_id in step.new_token_ids.items():
             request = self.by_engine_id.get(engine_id)
             if request is None or request.life is None:  # preempted after the step ran
@@ -481,9 +497,10 @@ def fifo_capacity_rps(
 def mean_step_us(workload: Workload, cost: CostModel, rate_rps: float) -> float:
     """The shortest average step that serves the offered work: with steps back to back, each step
     carries ``rate·T`` requests' worth of prefill and ``rate·T·mean output`` decodes (Little's law),
-    so ``T = base + c_p·rate·T·P̄ + c_d·rate·T·Ō``. Infinite when the work alone fills every step."""
+    so ``T = base + c_p·rate·T·P̄ + c_d·rate·T·Ō``, P̄ the prompt tokens a prefill computes with each
+    session's previous prompt in the prefix cache. Infinite when the work alone fills every step."""
     load = rate_rps * (
-        cost.prefill_token_us * workload.mean_prompt_tokens + cost.decode_seq_us * workload.mean_output_tokens
+        cost.prefill_token_us * workload.mean_uncached_prompt_tokens + cost.decode_seq_us * workload.mean_output_tokens
     )
     load /= 1e6
     return math.inf if load >= 1 else cost.base_us / (1 - load)
@@ -492,10 +509,11 @@ def mean_step_us(workload: Workload, cost: CostModel, rate_rps: float) -> float:
 def floor_e2e_ms(workload: Workload, cost: CostModel, rate_rps: float, tier: Tier, *, quantile: float = 0.99) -> float:
     """Physical floor of a tier's E2E at the given quantile of its reply length: one step that
     prefills the prompt, then one decode step per further token, every step at least the mean step
-    the offered load requires (WORKLOADS.md "What physics allows")."""
+    the offered load requires (WORKLOADS.md "What physics allows"). The reply length is the tier's at
+    that quantile (linear between uniform bounds); the prefill is the tier's longest, with a session's
+    previous prompt served from the prefix cache."""
     mix = workload.mix(tier)
-    low, high = mix.output_tokens
-    tokens = low + quantile * (high - low)
+    tokens = mix.output_tokens_at(quantile)
     step_us = mean_step_us(workload, cost, rate_rps)
-    prefill_us = max(step_us, cost.step_us(mix.prompt_tokens[1], 0))
+    prefill_us = max(step_us, cost.step_us(mix.max_uncached_prompt_tokens, 0))
     return (prefill_us + (tokens - 1) * step_us) / 1000
