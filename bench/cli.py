@@ -107,14 +107,22 @@ def _add_policies_parser(bench_sub: argparse._SubParsersAction[argparse.Argument
         "tailcut (and tailcut's other budget rules) on the sim engine's virtual clock, then checks the targets "
         "of WORKLOADS.md. No model runs: step times come from a published GPU cost model.",
     )
-    policies.add_argument("--workload", default="seed-mix", help="shipped workload name or a .json path")
+    policies.add_argument("--workload", help="shipped workload name or a .json path (default seed-mix)")
+    policies.add_argument(
+        "--suite",
+        action="store_true",
+        help="every shipped workload (static-batch, fifo, vllm-priority, tailcut at 90/100/120%%): a targets "
+        "table per workload and a summary line",
+    )
     policies.add_argument("--cost-model", default="h100-llama3-8b", help="h100-llama3-8b or a100-llama3-8b")
     policies.add_argument("--seed", type=int, default=0, help="trace seed (same seed, same figures)")
-    policies.add_argument("--duration", type=float, default=120.0, help="virtual seconds of arrivals per run")
+    policies.add_argument(
+        "--duration", type=float, help="virtual seconds of arrivals per run (default 120; 60 with --suite)"
+    )
     policies.add_argument(
         "--loads",
-        default="0.5,0.7,0.9,1.0,1.2",
-        help="shares of fifo capacity, comma-separated (must hold 0.9, 1.0, 1.2)",
+        help="shares of fifo capacity, comma-separated, holding 0.9, 1.0, 1.2 (default 0.5,0.7,0.9,1.0,1.2; "
+        "0.9,1.0,1.2 with --suite)",
     )
     policies.add_argument("--jobs", type=int, help="parallel processes (default: one per core)")
     policies.add_argument("--out", help="folder for results.json and the plots")
@@ -126,17 +134,16 @@ def cmd_policies(args: argparse.Namespace) -> None:
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from bench import policies, policies_report
+    from bench import policies, policies_report, policies_suite
     from bench.workloads import workload_and_cost
     from tailcut.errors import FatalError
 
-    workload, cost = workload_and_cost(args.workload, args.cost_model)
-    try:
-        loads = tuple(float(value) for value in args.loads.split(","))
-    except ValueError as exc:
-        raise FatalError(f"--loads must be numbers separated by commas, got {args.loads!r}") from exc
-    if not {0.9, 1.0, 1.2} <= set(loads) or min(loads) <= 0:
-        raise FatalError("--loads must be positive and hold 0.9, 1.0 and 1.2 (the targets are checked there)")
+    workload, cost = workload_and_cost(args.workload or "seed-mix", args.cost_model)
+    if args.suite:
+        policies_suite.command(args, cost)
+        return
+    loads = policies_suite.parse_loads(args.loads or "0.5,0.7,0.9,1.0,1.2")
+    args.duration = 120.0 if args.duration is None else args.duration
     if args.duration <= 0:
         raise FatalError("--duration must be positive")
     # Wide enough for the tables when the output goes to a file or a pipe.

@@ -1,5 +1,5 @@
-"""``tailcut bench policies``' output (SIMULATOR): the tables per tier, the KV table, the targets,
-``results.json`` and the plots."""
+"""``tailcut bench policies``' output (SIMULATOR): the tables per tier, the queue wait per tier × tenant,
+the KV table, the targets, ``results.json`` and the plots."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rich.table import Table
 from bench import plots
 from bench.policies import PoliciesReport
 from bench.stats import TargetCheck
+from queues.keys import Tier
 from workers.engines.costmodel import CostModel
 
 
@@ -42,7 +43,7 @@ def print_report(console: Console, report: PoliciesReport, checks: list[TargetCh
             row = next((row for row in result.rows if row["tier"] == tier), None)
             if row is None:
                 continue
-            background = next(row for row in result.rows if row["tier"] == "background")
+            background = next((row for row in result.rows if row["tier"] == "background"), NO_BACKGROUND)
             rejected = sum(r["rejected"] for r in result.rows)
             table.add_row(
                 row["policy"],
@@ -58,6 +59,10 @@ def print_report(console: Console, report: PoliciesReport, checks: list[TargetCh
                 str(rejected),
             )
         console.print(table)
+    console.print(tenant_table(report, 0.9))
+    if not report.kv_results:
+        console.print(targets_table(checks, f"targets (WORKLOADS.md) for tailcut on {report.workload.name}"))
+        return
     kv = Table(title="KV cache: static reservation vs paged blocks (fifo at 90%, max_tokens = tier cap; SIMULATOR)")
     for column in ("allocation", "mean use", "peak use", "slots holding KV", "max running", "rt P99 E2E"):
         kv.add_column(column, justify="left" if column == "allocation" else "right")
@@ -74,7 +79,48 @@ def print_report(console: Console, report: PoliciesReport, checks: list[TargetCh
             _ms(realtime["p99_e2e_ms"]),
         )
     console.print(kv)
-    targets = Table(title="targets (WORKLOADS.md) for tailcut")
+    console.print(targets_table(checks, "targets (WORKLOADS.md) for tailcut"))
+
+
+# Tenant columns: the policies whose queue wait is compared.
+TENANT_POLICIES = ("fifo", "vllm-priority", "tailcut")
+NO_BACKGROUND = {"output_tokens_per_s": 0.0, "offered_tokens_per_s": 0.0}
+
+
+def tenant_table(report: PoliciesReport, load: float) -> Table:
+    """P99 queue wait per tier × tenant under each policy at ``load``, with tailcut's TTFT and attainment."""
+    table = Table(
+        title=f"{report.workload.name} at {load:.0%}: P99 queue wait per tier × tenant (arrival → first scheduled; "
+        "SIMULATOR)"
+    )
+    for column in ("tier", "tenant", "share", *(f"{p} wait" for p in TENANT_POLICIES), "tc P99 TTFT", "tc attain."):
+        table.add_column(column, justify="left" if column in ("tier", "tenant") else "right")
+    rows = {
+        (row["policy"], row["tier"], row["tenant"]): row
+        for result in report.results
+        if result.job.load == load
+        for row in result.tenant_rows
+    }
+    tiers: list[Tier] = [mix.tier for mix in report.workload.tiers]
+    for tier in tiers:
+        for tenant in report.workload.tenants:
+            ours = rows.get(("tailcut", tier, tenant))
+            if ours is None:
+                continue
+            waits = [rows.get((policy, tier, tenant)) for policy in TENANT_POLICIES]
+            table.add_row(
+                tier,
+                tenant,
+                f"{ours['share_of_tier']:.0%}",
+                *(_ms(row["p99_queue_wait_ms"]) if row else "-" for row in waits),
+                _ms(ours["p99_ttft_ms"]),
+                f"{ours['attainment']:.1%}",
+            )
+    return table
+
+
+def targets_table(checks: Sequence[TargetCheck], title: str) -> Table:
+    targets = Table(title=title)
     for column in ("target", "measured", "wanted", ""):
         targets.add_column(column, justify="left" if column == "target" else "right")
     for check in checks:
@@ -84,7 +130,7 @@ def print_report(console: Console, report: PoliciesReport, checks: list[TargetCh
             check.target,
             "met" if check.met else "[red]missed[/red]",
         )
-    console.print(targets)
+    return targets
 
 
 def plot(report: PoliciesReport, out: Path, note: str) -> None:
@@ -153,6 +199,7 @@ def write(
         "capacity_rps": report.capacity_rps,
         "wall_s": report.wall_s,
         "runs": [row for result in report.results for row in result.rows],
+        "tenants": [row for result in report.results for row in result.tenant_rows],
         "run_stats": [result.run for result in report.results],
         "kv": [result.run | {"rows": result.rows} for result in report.kv_results],
         "targets": [{"name": c.name, "value": c.value, "target": c.target, "met": c.met} for c in checks],
