@@ -17,8 +17,10 @@ File format (JSON)::
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import orjson
 
@@ -52,6 +54,57 @@ class LengthTable:
     num_complete_conversations: int  # in the dataset file, before sampling
     seed: int
     conversations: tuple[ConversationLengths, ...]
+
+
+class DatasetTurn(Protocol):
+    """One message of a dataset conversation (``bench.datasets.Turn``)."""
+
+    @property
+    def role(self) -> str: ...  # ShareGPT's ``from``: ``human``, ``gpt``, ...
+
+    @property
+    def text(self) -> str: ...
+
+
+class DatasetConversation(Protocol):
+    """A dataset conversation (``bench.datasets.Conversation``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def turns(self) -> Sequence[DatasetTurn]: ...
+
+
+def exchanges(conversation: DatasetConversation, max_turns: int | None = None) -> list[tuple[str, str]]:
+    """(question, reply) texts of a conversation as the length table counts them: from its first
+    ``human`` turn on, each ``human`` turn followed by a ``gpt`` turn, until a turn breaks that
+    alternation or a question is empty (at most ``max_turns``). Exchange k is turn k of a table row."""
+    turns = conversation.turns
+    start = next((i for i, turn in enumerate(turns) if turn.role == "human"), len(turns))
+    pairs: list[tuple[str, str]] = []
+    for i in range(start, len(turns) - 1, 2):
+        question, reply = turns[i], turns[i + 1]
+        if question.role != "human" or reply.role != "gpt" or not question.text.strip():
+            break
+        if max_turns is not None and len(pairs) == max_turns:
+            break
+        pairs.append((question.text, reply.text))
+    return pairs
+
+
+def chat_messages(conversation: DatasetConversation, turn: int) -> list[dict[str, str]]:
+    """The OpenAI chat messages of turn ``turn`` of a session drawn from ``conversation``
+    (``Arrival.source`` names it, ``Arrival.turn`` is the turn): every earlier question and reply, then
+    the turn's own question — the text behind the lengths the table gives that request."""
+    pairs = exchanges(conversation)
+    if not 0 <= turn < len(pairs):
+        raise IndexError(f"conversation {conversation.id!r} has {len(pairs)} exchanges, not a turn {turn}")
+    messages = []
+    for question, reply in pairs[:turn]:
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
+    messages.append({"role": "user", "content": pairs[turn][0]})
+    return messages
 
 
 def shipped_tables() -> list[str]:

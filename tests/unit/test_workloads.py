@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bench.lengthtable import LengthTableError, load_table, shipped_tables, table_json
+from bench.lengthtable import LengthTableError, chat_messages, exchanges, load_table, shipped_tables, table_json
 from bench.simrun import SimConfig, floor_e2e_ms, simulate
 from bench.workloads import (
     Arrival,
@@ -248,6 +249,35 @@ def test_a_table_survives_writing_and_reading(tmp_path: Path) -> None:
         load_table(str(tmp_path / "bad.json"))
     with pytest.raises(LengthTableError, match="no length table named"):
         load_table("nope")
+
+
+@dataclass(frozen=True)
+class _Turn:
+    role: str
+    text: str
+
+
+@dataclass(frozen=True)
+class _Conversation:
+    id: str
+    turns: tuple[_Turn, ...]
+
+
+def test_exchanges_pair_questions_with_replies_from_the_first_question_on() -> None:
+    # A split conversation's later part opens with a reply; an empty question ends it.
+    roles = [("gpt", "tail of an answer"), ("human", "q1"), ("gpt", "r1"), ("human", "q2"), ("gpt", "r2")]
+    conversation = _Conversation("x_1", tuple(_Turn(role, text) for role, text in roles))
+    assert exchanges(conversation) == [("q1", "r1"), ("q2", "r2")]
+    assert exchanges(conversation, max_turns=1) == [("q1", "r1")]
+    broken = _Conversation("y", (_Turn("human", "q1"), _Turn("gpt", "r1"), _Turn("human", " "), _Turn("gpt", "r")))
+    assert exchanges(broken) == [("q1", "r1")]
+    assert chat_messages(conversation, 1) == [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "r1"},
+        {"role": "user", "content": "q2"},
+    ]
+    with pytest.raises(IndexError):
+        chat_messages(conversation, 2)
 
 
 def test_dataset_tiers_draw_first_turns_within_their_bounds() -> None:
