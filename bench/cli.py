@@ -103,7 +103,8 @@ def _add_policies_parser(bench_sub: argparse._SubParsersAction[argparse.Argument
     policies = bench_sub.add_parser(
         "policies",
         help="SIMULATOR: every policy at 50-120%% of fifo capacity on one trace (virtual clock)",
-        description="Replays one seeded Poisson trace per load through static-batch, fifo, vllm-priority and "
+        description="Replays one seeded trace per load (Poisson, or the workload's gamma bursts) through "
+        "static-batch, fifo, vllm-priority and "
         "tailcut (and tailcut's other budget rules) on the sim engine's virtual clock, then checks the targets "
         "of WORKLOADS.md. No model runs: step times come from a published GPU cost model.",
     )
