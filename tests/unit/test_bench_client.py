@@ -23,11 +23,23 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from bench import loadgen
-from bench.client import Timeline, client_bucket, fetch_model, open_http, prompt_token_ids, send
+from bench.client import (
+    CHAT_COMPLETIONS,
+    RequestOptions,
+    TextArrival,
+    Timeline,
+    client_bucket,
+    fetch_model,
+    open_http,
+    prompt_token_ids,
+    request_body,
+    send,
+)
 from bench.records import read_records
 from bench.workloads import Arrival, Workload, poisson_trace
 from queues.keys import Tier
 from tailcut.cli import main
+from tests.unit.test_bench_serve_result import VLLM_MEASURED
 
 FIRST_SLEEP_S = 0.05  # the fake server's wait before the first token
 GAP_S = 0.01  # and between tokens
@@ -115,10 +127,50 @@ def error_body(message: str, error_type: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": error_type, "param": None, "code": None}}
 
 
-def fake_openai_app(received: list[tuple[dict[str, str], dict[str, Any]]]) -> FastAPI:
+@dataclass
+class InFlight:
+    """Requests the fake server is streaming now, and the most at once."""
+
+    now: int = 0
+    most: int = 0
+
+    def __enter__(self) -> None:
+        self.now += 1
+        self.most = max(self.most, self.now)
+
+    def __exit__(self, *exc: object) -> None:
+        self.now -= 1
+
+
+def fake_openai_app(received: list[tuple[dict[str, str], dict[str, Any]]], in_flight: InFlight) -> FastAPI:
     """Tenant ``shed`` gets a 429, ``broken`` a 500, ``slow`` waits 30 s, ``midway`` an error event after
-    one token; everyone else gets ``max_tokens`` text chunks (the first after FIRST_SLEEP_S, then every GAP_S), a finish chunk, usage and [DONE]."""
+    one token; everyone else gets ``max_tokens`` text chunks (the first after FIRST_SLEEP_S, then every GAP_S),
+    a finish chunk, usage and [DONE]. The chat route opens with a role-only chunk, as vLLM's server does."""
     app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        received.append((dict(request.headers), body))
+
+        def chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return sse({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": MODEL, "choices": [choice]})
+
+        async def chunks() -> AsyncIterator[bytes]:
+            with in_flight:
+                yield chunk({"role": "assistant", "content": ""})  # no content: not the first token
+                await sleep_at_least(FIRST_SLEEP_S)
+                for position in range(body["max_completion_tokens"]):
+                    if position:
+                        await sleep_at_least(GAP_S)
+                    yield chunk({"content": f" w{position}"})
+                yield chunk({}, "length")
+                usage = {"prompt_tokens": 17, "completion_tokens": body["max_completion_tokens"]}
+                yield sse({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": usage})
+                yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -139,20 +191,24 @@ def fake_openai_app(received: list[tuple[dict[str, str], dict[str, Any]]]) -> Fa
                 choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
                 return sse({"id": "cmpl-1", "object": "text_completion", "model": MODEL, "choices": [choice]})
 
-            yield chunk("")  # no content: must not count as the first token
-            await sleep_at_least(30 if tenant == "slow" else FIRST_SLEEP_S)
-            for position in range(body["max_tokens"]):
-                if position:
-                    await sleep_at_least(GAP_S)
-                yield chunk(f" w{position}")
-                if tenant == "midway":  # the engine failed after one token
-                    yield sse(error_body("the engine stopped", "service_unavailable"))
-                    yield b"data: [DONE]\n\n"
-                    return
-            yield chunk("", "length")
-            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}
-            yield sse({"id": "cmpl-1", "object": "text_completion", "model": MODEL, "choices": [], "usage": usage})
-            yield b"data: [DONE]\n\n"
+            with in_flight:
+                yield chunk("")  # no content: must not count as the first token
+                await sleep_at_least(30 if tenant == "slow" else FIRST_SLEEP_S)
+                for position in range(body["max_tokens"]):
+                    if position:
+                        await sleep_at_least(GAP_S)
+                    yield chunk(f" w{position}")
+                    if tenant == "midway":  # the engine failed after one token
+                        yield sse(error_body("the engine stopped", "service_unavailable"))
+                        yield b"data: [DONE]\n\n"
+                        return
+                yield chunk("", "length")
+                # A text prompt counts one token per word here (the client's own count may differ).
+                prompt = body["prompt"]
+                prompt_tokens = len(prompt.split()) if isinstance(prompt, str) else len(prompt)
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": body["max_tokens"]}
+                yield sse({"id": "cmpl-1", "object": "text_completion", "model": MODEL, "choices": [], "usage": usage})
+                yield b"data: [DONE]\n\n"
 
         return StreamingResponse(chunks(), media_type="text/event-stream")
 
@@ -163,14 +219,16 @@ def fake_openai_app(received: list[tuple[dict[str, str], dict[str, Any]]]) -> Fa
 class FakeServer:
     url: str
     received: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
+    in_flight: InFlight = field(default_factory=InFlight)
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[FakeServer]:
     """uvicorn on a free loopback port, in its own thread and event loop (as a real server would be)."""
     received: list[tuple[dict[str, str], dict[str, Any]]] = []
+    in_flight = InFlight()
     config = uvicorn.Config(
-        fake_openai_app(received),
+        fake_openai_app(received, in_flight),
         host="127.0.0.1",
         port=0,
         log_level="warning",
@@ -186,7 +244,7 @@ def server() -> Iterator[FakeServer]:
         assert thread.is_alive() and time.monotonic() < deadline, "the test server did not start"
         time.sleep(0.01)
     port = uvicorn_server.servers[0].sockets[0].getsockname()[1]
-    yield FakeServer(f"http://127.0.0.1:{port}", received)
+    yield FakeServer(f"http://127.0.0.1:{port}", received, in_flight)
     uvicorn_server.should_exit = True
     thread.join(timeout=10)
 
@@ -194,6 +252,7 @@ def server() -> Iterator[FakeServer]:
 @pytest.fixture
 def fake(server: FakeServer) -> FakeServer:
     server.received.clear()
+    server.in_flight.most = 0
     return server
 
 
@@ -289,6 +348,136 @@ def test_cli_writes_report_and_plots(server: FakeServer, tmp_path: Path, capsys:
     for name in ("load_cdf_e2e.png", "load_cdf_ttft.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     assert "realtime" in capsys.readouterr().out
+
+
+# --- vllm bench serve's language: text prompts, the chat route, a concurrency cap, the result JSON ---
+
+
+def text_arrival(index: int, text: str, *, output: int = 4, at_s: float = 0.0) -> TextArrival:
+    return TextArrival(index, at_s, "normal", "default", len(text.split()), output, text=text)
+
+
+async def test_a_text_prompt_goes_as_one_user_message_on_the_chat_route(fake: FakeServer) -> None:
+    options = RequestOptions(endpoint=CHAT_COMPLETIONS, ignore_eos=False, temperature=0.5)
+    async with open_http(fake.url) as http:
+        record = await send(
+            http, MODEL, text_arrival(0, "what is a queue"), origin_s=time.perf_counter(), options=options
+        )
+    ((headers, body),) = fake.received
+    assert body["messages"] == [{"role": "user", "content": "what is a queue"}]
+    assert body["max_completion_tokens"] == 4 and "max_tokens" not in body and "prompt" not in body
+    assert "ignore_eos" not in body and body["temperature"] == 0.5
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert headers["x-tailcut-tier"] == "normal"
+    assert record.status == "ok" and record.output_tokens == 4 and len(record.gaps_ms) == 3
+    # The role-only opening chunk arrives at once; the first token only after FIRST_SLEEP_S.
+    assert record.ttft_ms is not None and record.ttft_ms >= FIRST_SLEEP_S * 1000
+    assert record.prompt_tokens == 17  # the server's count (usage), as vLLM's client takes it
+
+    with pytest.raises(ValueError, match="text prompts"):
+        request_body(MODEL, arrival(1), options=options)
+
+
+async def test_a_text_prompt_on_the_completions_route_is_the_prompt_string(fake: FakeServer) -> None:
+    async with open_http(fake.url) as http:
+        options = RequestOptions(ignore_eos=True, temperature=None)
+        record = await send(http, MODEL, text_arrival(0, "one two three four five"), origin_s=0.0, options=options)
+    ((_, body),) = fake.received
+    assert body["prompt"] == "one two three four five" and body["max_tokens"] == 4
+    assert body["ignore_eos"] is True and "temperature" not in body
+    assert record.status == "ok" and record.prompt_tokens == 5
+
+
+async def test_max_concurrency_holds_due_requests_in_the_client(fake: FakeServer) -> None:
+    trace = [arrival(index, output=5) for index in range(6)]  # all due at once
+    capped = await loadgen.run_open_loop(fake.url, MODEL, trace, timeout_s=10, max_concurrency=2)
+    assert [record.status for record in capped.records] == ["ok"] * 6
+    assert fake.in_flight.most == 2
+    # The third waited for a slot: it was sent after the first two finished, and its TTFT starts there.
+    first_done_s = min(record.sent_s + (record.e2e_ms or 0) / 1000 for record in capped.records[:2])
+    assert capped.records[2].sent_s >= first_done_s - 0.01
+    assert all((record.ttft_ms or 0) < 2 * FIRST_SLEEP_S * 1000 + 200 for record in capped.records)
+
+    fake.in_flight.most = 0
+    uncapped = await loadgen.run_open_loop(fake.url, MODEL, trace, timeout_s=10)
+    assert fake.in_flight.most == 6 and all(record.sent_s < 0.1 for record in uncapped.records)
+
+
+def sharegpt_file(path: Path, count: int) -> Path:
+    """``count`` complete conversations of known word counts, then one cut mid-string (as the packaged file)."""
+    words = "hello world question answer please thanks what why how when where which who".split()
+    entries = [
+        {
+            "id": f"c{number}",
+            "conversations": [
+                {"from": "human", "value": " ".join(words[: 5 + number % 8])},
+                {"from": "gpt", "value": " ".join(reversed(words))},
+            ],
+        }
+        for number in range(count)
+    ]
+    whole = orjson.dumps([*entries, {"id": "cut", "conversations": [{"from": "human", "value": "x" * 50}]}])
+    path.write_bytes(whole[: len(whole) - 30])
+    return path
+
+
+def test_cli_sharegpt_run_writes_vllms_result_fields(
+    server: FakeServer, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.received.clear()
+    server.in_flight.most = 0
+    dataset = sharegpt_file(tmp_path / "sharegpt.json", 12)
+    out = tmp_path / "out"
+    main(
+        [
+            "bench", "load", "--base-url", server.url, "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
+            "--tokenizer", str(tiny_model), "--num-prompts", "6", "--request-rate", "40", "--burstiness", "0.5",
+            "--max-concurrency", "3", "--sharegpt-output-len", "4", "--goodput", "ttft:5000", "e2el:10000",
+            "--seed", "3", "--out", str(out),
+        ]
+    )  # fmt: skip
+    report = orjson.loads((out / "load.json").read_bytes())
+    header = ["date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts"]
+    header += ["request_rate", "burstiness", "max_concurrency"]
+    assert list(report)[: len(header) + len(VLLM_MEASURED)] == header + VLLM_MEASURED
+    assert (report["backend"], report["model_id"], report["num_prompts"]) == ("openai", MODEL, 6)
+    assert (report["request_rate"], report["burstiness"], report["max_concurrency"]) == (40.0, 0.5, 3)
+    assert report["completed"] == 6 and report["failed"] == 0 and report["total_output_tokens"] == 24
+    assert report["request_goodput"] == pytest.approx(6 / report["duration"])
+    assert report["dataset_conversations_complete"] == 12 and report["dataset_truncated"] is True
+    assert report["tokenizer_id"] == str(tiny_model) and server.in_flight.most <= 3
+    bodies = [body for _, body in server.received]
+    assert len(bodies) == 6 and all(isinstance(body["prompt"], str) and body["max_tokens"] == 4 for body in bodies)
+    assert all("ignore_eos" not in body for body in bodies)  # a dataset's requests end at EOS unless asked
+    # The server counted a text prompt's words: total_input_tokens is the server's count, as in vLLM.
+    assert report["total_input_tokens"] == sum(len(body["prompt"].split()) for body in bodies)
+    assert len(read_records(out / "load-records.jsonl")) == 6
+    printed = capsys.readouterr().out
+    assert "Serving Benchmark Result" in printed and "Request goodput (req/s):" in printed
+    assert "12 complete conversations" in printed
+
+
+def test_cli_sharegpt_on_the_chat_route_and_bad_combinations(
+    server: FakeServer, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.received.clear()
+    dataset = sharegpt_file(tmp_path / "sharegpt.json", 5)
+    common = ["bench", "load", "--url", server.url, "--tokenizer", str(tiny_model), "--num-prompts", "3"]
+    main([*common, "--dataset-name", "sharegpt", "--dataset-path", str(dataset), "--backend", "openai-chat"])
+    assert [len(body["messages"]) for _, body in server.received] == [1, 1, 1]
+    capsys.readouterr()
+    for extra, words in (
+        (["--backend", "openai-chat"], "only /v1/completions"),  # the random dataset sends token ids
+        (["--dataset-path", str(dataset)], "--dataset-path is for"),
+        (["--request-rate", "0"], "must be positive"),
+        (["-c", "2", "--request-rate", "4"], "closed loop"),
+        (["--duration", "5"], "give --num-prompts N"),
+        (["--goodput", "itl:5"], "unknown metric"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main([*common, *extra])
+        assert exited.value.code == 2
+        assert words in capsys.readouterr().err, extra
 
 
 def test_without_the_bench_extra_tailcut_bench_says_how_to_install_it(
