@@ -14,7 +14,7 @@ from admission.admitter import Admitter
 from admission.request import ServedModel
 from admission.shedding import Backlog
 from admission.tokenizer import PromptTokenizer
-from api import debug, errors, health, jobs_routes, openai_routes, replay, status_routes
+from api import debug, errors, health, jobs_routes, openai_routes, replay, status_routes, tokenization
 from api.answers import AnswerCache, model_identity
 from api.metrics import ApiMetrics
 from api.seeded import SeededAnswers
@@ -133,6 +133,7 @@ def create_app(
     errors.install(app)
     app.include_router(health.router)
     app.include_router(openai_routes.router)
+    app.include_router(tokenization.router)
     app.include_router(jobs_routes.router)
     app.include_router(replay.router)
     app.include_router(debug.router)
