@@ -16,6 +16,7 @@ from admission.shedding import Backlog
 from admission.tokenizer import PromptTokenizer
 from api import debug, errors, health, jobs_routes, openai_routes, replay, status_routes, tokenization
 from api.answers import AnswerCache, model_identity
+from api.auth import KeyCache
 from api.metrics import ApiMetrics
 from api.seeded import SeededAnswers
 from api.settings import ApiSettings
@@ -25,6 +26,7 @@ from api.status import StatusWindow
 from jobs.settings import JobsSettings
 from queues import events
 from queues.answers import AnswerStore
+from queues.apikeys import KeyStore
 from queues.connection import check_redis, connect, connect_blocking
 from queues.jobs import connect_arq
 from queues.keys import Keys
@@ -99,6 +101,9 @@ def create_app(
             answers=answers,
             tiny_answers=tiny_answers,
             seeded=seeded,
+            key_cache=KeyCache(KeyStore(redis, keys, settings.auth_secret), settings.auth_secret)
+            if settings.auth_required and settings.auth_secret
+            else None,
         )
         app.state.tailcut = state
 

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.exceptions import HTTPException
 from starlette.responses import PlainTextResponse
 
-from api.auth import get_state
+from api.auth import bearer, check_auth, get_state, require_admin
 from tailcut.errors import AuthenticationError
 from tailcut.loopwatch import dump_stacks
 
@@ -21,10 +21,18 @@ router = APIRouter()
 
 @router.get("/debug/stacks")
 async def stacks(request: Request) -> PlainTextResponse:
-    admin_key = get_state(request).settings.admin_key
-    if not admin_key:
-        raise HTTPException(status_code=404)  # as any unknown path
-    token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(token.encode(), admin_key.encode()):
-        raise AuthenticationError("this route needs the admin key: send `Authorization: Bearer <TAILCUT_ADMIN_KEY>`")
+    """Admin only: TAILCUT_ADMIN_KEY, or (TAILCUT_AUTH_REQUIRED) an admin API key. Without either kind of
+    admin the route does not exist (404, as any unknown path)."""
+    state = get_state(request)
+    admin_key = state.settings.admin_key
+    if not admin_key and state.key_cache is None:
+        raise HTTPException(status_code=404)
+    token = bearer(request)
+    if not (admin_key and hmac.compare_digest(token.encode(), admin_key.encode())):
+        if state.key_cache is None:
+            raise AuthenticationError(
+                "this route needs the admin key: send `Authorization: Bearer <TAILCUT_ADMIN_KEY>`"
+            )
+        await check_auth(request)
+        require_admin(request)
     return PlainTextResponse(dump_stacks())

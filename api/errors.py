@@ -18,6 +18,7 @@ from tailcut.errors import (
     JobNotFoundError,
     ModelNotFoundError,
     OverloadedError,
+    PermissionDeniedError,
     RequestNotFoundError,
     ServiceUnavailableError,
     ShuttingDownError,
@@ -31,6 +32,7 @@ log = logging.getLogger("tailcut.api")
 HTTP_SHAPES: dict[type[TailcutError], tuple[int, str]] = {
     InvalidRequestError: (400, "invalid_request_error"),
     AuthenticationError: (401, "authentication_error"),
+    PermissionDeniedError: (403, "permission_error"),
     ModelNotFoundError: (404, "invalid_request_error"),
     JobNotFoundError: (404, "invalid_request_error"),
     RequestNotFoundError: (404, "invalid_request_error"),

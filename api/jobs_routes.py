@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Request
 from redis.exceptions import RedisError
 
 from admission.request import ChatPrompt
-from api.auth import check_auth, get_state
+from api.auth import api_key_of, check_auth, get_state
 from api.openai_routes import TENANT_HEADER
 from api.responses import OrjsonResponse
 from api.schemas import JobRequest
@@ -37,7 +37,13 @@ from queues.jobs import (
     JobStore,
     loads_job,
 )
-from tailcut.errors import InvalidRequestError, JobFailedError, JobNotFoundError, ServiceUnavailableError
+from tailcut.errors import (
+    InvalidRequestError,
+    JobFailedError,
+    JobNotFoundError,
+    PermissionDeniedError,
+    ServiceUnavailableError,
+)
 
 router = APIRouter(dependencies=[Depends(check_auth)])
 
@@ -55,7 +61,7 @@ async def create_job(body: JobRequest, request: Request) -> OrjsonResponse:
         chunk_lines=body.chunk_lines or settings.jobs_chunk_lines,
         max_tokens=body.max_tokens or settings.jobs_max_tokens,
         temperature=body.temperature,
-        tenant=request.headers.get(TENANT_HEADER) or body.tenant,
+        tenant=job_tenant(request, body.tenant),
         ignore_eos=body.ignore_eos,
         reduce=body.reduce,
     )
@@ -81,6 +87,17 @@ async def create_job(body: JobRequest, request: Request) -> OrjsonResponse:
     return OrjsonResponse(
         {"id": job_id, "object": "job", "status": "queued", "num_chunks": num_chunks}, status_code=202
     )
+
+
+def job_tenant(request: Request, asked: str | None) -> str | None:
+    """The job's tenant: its key's (TAILCUT_AUTH_REQUIRED; a job's requests run in the background tier,
+    which the key must allow), else what the request says."""
+    key = api_key_of(request)
+    if key is None:
+        return request.headers.get(TENANT_HEADER) or asked
+    if "background" not in key.tiers:
+        raise PermissionDeniedError("this API key may not use the background tier, where jobs run", param="tier")
+    return key.tenant
 
 
 @router.get("/v1/jobs/{job_id}")

@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from admission.request import DEFAULT_TENANT, ChatPrompt, GenerationRequest, Prompt, TextPrompt, TokenPrompt
 from api.answers import AnswerCache, Recorder, cached_batches, is_tiny
-from api.auth import check_auth, get_state
+from api.auth import api_key_of, check_auth, get_state, tier_for
 from api.errors import error_response
 from api.render import renderer_for
 from api.replay import replay
@@ -98,12 +98,16 @@ def generation_request(
         raise InvalidRequestError("logprobs are not supported by tailcut yet", param="logprobs")
     header_tier = request.headers.get(TIER_HEADER)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    tier, tenant = body.tier or header_tier, request.headers.get(TENANT_HEADER) or body.user
+    key = api_key_of(request)
+    if key is not None:  # the key decides: its tenant, and a tier it may use
+        tier, tenant = tier_for(key, tier), key.tenant
     return GenerationRequest(
         prompt=prompt,
         reply_to=get_state(request).settings.api_id,
-        tier=body.tier or header_tier,
+        tier=tier,
         tier_source="tier" if body.tier else "X-Tailcut-Tier header",
-        tenant=request.headers.get(TENANT_HEADER) or body.user,
+        tenant=tenant,
         max_tokens=max_tokens,
         sampling=SamplingOptions(
             temperature=1.0 if body.temperature is None else body.temperature,

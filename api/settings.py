@@ -7,7 +7,7 @@ import socket
 import uuid
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from admission.settings import AdmissionSettings
 from api.metrics import SloTargets
@@ -86,7 +86,18 @@ class ApiSettings(AdmissionSettings, ReplySettings):
     )
     api_id: str = Field(default_factory=default_api_id, description="Names this process's reply channel.")
     api_keys: list[str] = Field(
-        default_factory=list, description="Accepted bearer tokens (JSON list); empty means no auth."
+        default_factory=list,
+        description="Accepted bearer tokens (JSON list) when TAILCUT_AUTH_REQUIRED is off; empty means no auth.",
+    )
+    auth_required: bool = Field(
+        False,
+        description="Every route but the probes and /metrics needs an API key from Redis (`tailcut keys create`); "
+        "the key names the tenant and the tiers it may use.",
+    )
+    auth_secret: str | None = Field(
+        None,
+        description="The deployment's secret: API keys are stored as their HMAC-SHA256 under it (required with "
+        "TAILCUT_AUTH_REQUIRED and by `tailcut keys`).",
     )
     admin_key: str | None = Field(
         None,
@@ -115,6 +126,15 @@ class ApiSettings(AdmissionSettings, ReplySettings):
     shed_probe_interval_s: float = Field(
         0.1, gt=0, le=10, description="How often the API reads the intake streams' backlog for shedding."
     )
+
+    @model_validator(mode="after")
+    def _auth_has_its_secret(self) -> ApiSettings:
+        if self.auth_required and not self.auth_secret:
+            raise ValueError(
+                "TAILCUT_AUTH_REQUIRED=true needs TAILCUT_AUTH_SECRET (any long random string, the same for every "
+                "API process and for `tailcut keys`): API keys are stored as their HMAC under it"
+            )
+        return self
 
     def cache_config(self, *, tiny: bool = False) -> CacheConfig:
         """The answer cache's, or (``tiny``) the tiny-request pool's: the same rules, its own size."""

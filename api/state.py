@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 from arq.connections import ArqRedis
@@ -16,6 +16,9 @@ from admission.shedding import Backlog
 from api.answers import AnswerCache
 from api.metrics import ApiMetrics
 from api.seeded import SeededAnswers
+
+if TYPE_CHECKING:
+    from api.auth import KeyCache
 from api.settings import ApiSettings
 from api.shutdown import Drain
 from api.status import StatusWindow
@@ -44,6 +47,8 @@ class ApiState:
     answers: AnswerCache | None
     # The Q&A file's own answers, served marked `seeded` (None: TAILCUT_CACHE_SEED_FILE unset).
     seeded: SeededAnswers | None
+    # The API keys in Redis, as this process sees them (None: TAILCUT_AUTH_REQUIRED is off).
+    key_cache: KeyCache | None
     # The shared pool of tiny requests' answers (None: the cache is off or the pool's size is 0).
     tiny_answers: AnswerCache | None
     _background: set[asyncio.Task[Any]] = field(default_factory=set)

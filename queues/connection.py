@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from typing import TypeVar, cast
+
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
@@ -53,3 +56,11 @@ async def check_redis(redis: aioredis.Redis) -> None:
             "requests are never evicted. Fix: CONFIG SET maxmemory-policy noeviction "
             "(and put it in redis.conf)."
         )
+
+
+T = TypeVar("T")
+
+
+async def reply(pending: Awaitable[T] | T) -> T:
+    """redis-py types hash and set commands as sync-or-async; on the asyncio client they are awaitable."""
+    return await cast(Awaitable[T], pending)

@@ -19,9 +19,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal
 
 import orjson
 import redis.asyncio as aioredis
@@ -30,6 +29,7 @@ from arq.constants import in_progress_key_prefix
 from redis.asyncio import ConnectionPool
 
 from queues import scripts
+from queues.connection import reply
 from queues.keys import Keys
 from tailcut.errors import JobFailedError
 
@@ -173,16 +173,8 @@ class JobProgress:
     abort_requested: bool
 
 
-T = TypeVar("T")
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-async def _reply(pending: Awaitable[T] | T) -> T:
-    """redis-py types hash commands as sync-or-async; on the asyncio client they are awaitable."""
-    return await cast(Awaitable[T], pending)
 
 
 class JobStore:
@@ -214,7 +206,7 @@ class JobStore:
             await pipe.execute()
 
     async def read(self, job_id: str) -> JobProgress | None:
-        raw: dict[bytes, bytes] = await _reply(self._redis.hgetall(self._keys.job(job_id)))
+        raw: dict[bytes, bytes] = await reply(self._redis.hgetall(self._keys.job(job_id)))
         if not raw:
             return None
         fields = {key.decode(): value.decode() for key, value in raw.items()}
@@ -231,20 +223,20 @@ class JobStore:
 
     async def request_abort(self, job_id: str) -> None:
         """Mark the job so its runner tells an abort apart from its jobs process stopping."""
-        await _reply(self._redis.hset(self._keys.job(job_id), "abort_requested", "1"))
+        await reply(self._redis.hset(self._keys.job(job_id), "abort_requested", "1"))
 
     async def mark_running(self, job_id: str, *, done: int, failed: int, attempt: int, runner: str) -> None:
         mapping = {
             "status": "running", "done": done, "failed": failed, "attempt": attempt, "started_ms": now_ms(),
             "runner": runner,
         }  # fmt: skip
-        await _reply(self._redis.hset(self._keys.job(job_id), mapping=mapping))
+        await reply(self._redis.hset(self._keys.job(job_id), mapping=mapping))
 
     async def set_status(self, job_id: str, status: JobStatus, *, error: str | None = None) -> None:
         mapping: dict[str, str | int] = {"status": status}
         if error is not None:
             mapping["error"] = error
-        await _reply(self._redis.hset(self._keys.job(job_id), mapping=mapping))
+        await reply(self._redis.hset(self._keys.job(job_id), mapping=mapping))
 
     async def record(self, job_id: str, index: int, answer: Answer, *, ttl_s: int) -> None:
         """Keep one finished chunk (for a re-run of the job) and count it."""
@@ -257,10 +249,10 @@ class JobStore:
 
     async def count(self, job_id: str, answer: Answer) -> None:
         """Count a request that is not a chunk (the combining one)."""
-        await _reply(self._redis.hincrby(self._keys.job(job_id), "done" if answer.ok else "failed", 1))
+        await reply(self._redis.hincrby(self._keys.job(job_id), "done" if answer.ok else "failed", 1))
 
     async def answers(self, job_id: str) -> dict[int, Answer]:
-        raw: dict[bytes, bytes] = await _reply(self._redis.hgetall(self._keys.job_chunks(job_id)))
+        raw: dict[bytes, bytes] = await reply(self._redis.hgetall(self._keys.job_chunks(job_id)))
         return {int(index): Answer.loads(value) for index, value in raw.items()}
 
     async def finish(self, job_id: str, status: JobStatus, *, ttl_s: int, error: str | None = None) -> None:

@@ -81,6 +81,15 @@ class Keys:
         # heartbeat vouches for it (``WORKER_ALIVE_BEATS`` of its own beats): readiness.
         return f"{self.prefix}workers"
 
+    def api_key(self, key_id: str) -> str:
+        # Hash of one API key (``queues.apikeys``): its HMAC (never the key), tenant, tiers, flags.
+        return f"{self.prefix}apikey:{key_id}"
+
+    @property
+    def api_key_ids(self) -> str:
+        # Set of every API key's id: `tailcut keys list`.
+        return f"{self.prefix}apikeys"
+
     def worker_info(self, worker_id: str) -> str:
         # Hash describing a live worker (engine, model, pool, load), rewritten by its every beat and
         # expiring with it: the status page's list of workers.

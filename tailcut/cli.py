@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from tailcut import jobs_cli, logs
+from tailcut import jobs_cli, keys_cli, logs
 from tailcut.errors import ConfigError, TailcutError
 
 # Sub-commands that other distributions (or tailcut's own extras) add: `bench = "bench.cli:add_parser"`.
@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=cmd_worker)
 
     jobs_cli.add_parser(sub)
+    keys_cli.add_parser(sub)
     add_entry_point_commands(sub)
 
     up = sub.add_parser("up", help="run the whole stack locally: Redis if needed, workers, API")

@@ -37,6 +37,12 @@ class AuthenticationError(RecoverableError):
     code = "invalid_api_key"
 
 
+class PermissionDeniedError(RecoverableError):
+    """The key is valid but does not allow this (a tier it may not use, an admin route)."""
+
+    code = "permission_denied"
+
+
 class ModelNotFoundError(RecoverableError):
     code = "model_not_found"
 

@@ -1,0 +1,129 @@
+"""API keys in Redis (TAILCUT_AUTH_REQUIRED) on a real Redis, with a worker on the null engine: the key
+decides the tenant and the tiers, a revoked key is refused within a second, the admin route needs an
+admin key, and Redis never holds a key itself."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from queues import requests
+from queues.apikeys import KeyStore
+from tests.conftest import TEST_MAX_MODEL_LEN
+from tests.stack import Stack, running_stack
+from workers.engines.factory import start_engine
+from workers.settings import EngineSettings
+
+SECRET = "a-long-random-deployment-secret"
+BODY = {"model": "tiny", "prompt": [5, 6, 7, 8, 9, 10, 11, 12, 13], "max_tokens": 4, "stream": False}
+
+
+@pytest.fixture
+async def stack(redis_url: str, tiny_model: Path) -> AsyncIterator[Stack]:
+    engine = start_engine(EngineSettings(kind="null", null_step_ms=1), tiny_model, TEST_MAX_MODEL_LEN)
+    try:
+        async with running_stack(
+            redis_url, tiny_model, engine, auth_required=True, auth_secret=SECRET, admin_key=None
+        ) as running:
+            yield running
+    finally:
+        await engine.shutdown()
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def admitted(metrics: str) -> dict[str, float]:
+    return {
+        sample.labels["tier"]: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "tailcut_requests_admitted_total" and sample.value
+    }
+
+
+async def test_without_a_valid_key_only_the_probes_answer(stack: Stack) -> None:
+    store = KeyStore(stack.redis, stack.keys, SECRET)
+    key, _ = await store.create("acme")
+    other_deployment, _ = await KeyStore(stack.redis, stack.keys, "another-secret").create("acme")
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+        for headers in ({}, bearer("sk-nothing"), bearer(key[:-1] + "x"), bearer(other_deployment)):
+            refused = await client.post("/v1/completions", json=BODY, headers=headers)
+            assert refused.status_code == 401, refused.text
+            assert refused.json()["error"]["type"] == "authentication_error"
+        for path in ("/v1/models", "/v1/jobs/nope", "/v1/requests/nope"):
+            assert (await client.get(path)).status_code == 401, path
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/readyz")).status_code in (200, 503)
+        answered = await client.post("/v1/completions", json=BODY, headers=bearer(key))
+        assert answered.status_code == 200, answered.text
+
+
+async def test_the_key_decides_the_tenant_and_the_tiers(stack: Stack) -> None:
+    store = KeyStore(stack.redis, stack.keys, SECRET)
+    chat_key, _ = await store.create("acme", tiers=["realtime", "normal"])
+    batch_key, _ = await store.create("globex", tiers=["background"], downgrade=True)
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+        spoofed = {**BODY, "user": "globex", "tier": "realtime"}
+        answer = await client.post(
+            "/v1/completions", json=spoofed, headers={**bearer(chat_key), "X-Tailcut-Tenant": "x"}
+        )
+        assert answer.status_code == 200, answer.text
+        record = await requests.load(stack.redis, stack.keys, answer.headers["x-tailcut-request-id"])
+        assert record is not None and record.tenant == "acme"
+        refused = await client.post("/v1/completions", json={**BODY, "tier": "background"}, headers=bearer(chat_key))
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["param"] == "tier" and "realtime, normal" in refused.json()["error"]["message"]
+        job = await client.post(
+            "/v1/jobs", json={"lines": ["a", "b"], "instruction": "x", "max_tokens": 2}, headers=bearer(chat_key)
+        )
+        assert job.status_code == 403, job.text
+        downgraded = await client.post("/v1/completions", json={**BODY, "tier": "realtime"}, headers=bearer(batch_key))
+        assert downgraded.status_code == 200, downgraded.text
+        record = await requests.load(stack.redis, stack.keys, downgraded.headers["x-tailcut-request-id"])
+        assert record is not None and record.tenant == "globex"
+        metrics = (await client.get("/metrics")).text
+    assert admitted(metrics) == {"realtime": 1.0, "background": 1.0}
+
+
+async def test_a_revoked_key_is_refused_within_a_second(stack: Stack) -> None:
+    store = KeyStore(stack.redis, stack.keys, SECRET)
+    key, record = await store.create("acme")
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+        assert (await client.post("/v1/completions", json=BODY, headers=bearer(key))).status_code == 200
+        assert await store.revoke(record.key_id)
+        revoked_at = asyncio.get_running_loop().time()
+        while (await client.post("/v1/completions", json=BODY, headers=bearer(key))).status_code == 200:
+            assert asyncio.get_running_loop().time() - revoked_at < 1.5, "a revoked key still worked after 1.5 s"
+            await asyncio.sleep(0.05)
+
+
+async def test_admin_routes_need_an_admin_key_and_redis_never_holds_a_key(stack: Stack) -> None:
+    store = KeyStore(stack.redis, stack.keys, SECRET)
+    plain, _ = await store.create("acme")
+    admin, _ = await store.create("ops", admin=True)
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+        assert (await client.get("/debug/stacks")).status_code == 401
+        forbidden = await client.get("/debug/stacks", headers=bearer(plain))
+        assert forbidden.status_code == 403 and forbidden.json()["error"]["type"] == "permission_error"
+        allowed = await client.get("/debug/stacks", headers=bearer(admin))
+        assert allowed.status_code == 200 and "Task" in allowed.text
+    held: list[bytes] = []
+    async for name in stack.redis.scan_iter(match=f"{stack.keys.prefix}*"):
+        kind = await stack.redis.type(name)
+        if kind == b"hash":
+            held += [*(await stack.redis.hgetall(name)).values()]
+        elif kind == b"string":
+            held.append(await stack.redis.get(name))
+        elif kind == b"set":
+            held += list(await stack.redis.smembers(name))
+    assert held, "nothing was read: the check proves nothing"
+    for key in (plain, admin):
+        secret_part = key.rsplit("_", 1)[1].encode()
+        assert not any(secret_part in value for value in held), "a key is stored in Redis"
