@@ -20,7 +20,7 @@ from arq.jobs import JobStatus as ArqStatus
 from fastapi import APIRouter, Depends, Request
 from redis.exceptions import RedisError
 
-from admission.request import ChatPrompt
+from admission.request import DEFAULT_TENANT, ChatPrompt
 from api.auth import api_key_of, check_auth, get_state
 from api.openai_routes import TENANT_HEADER
 from api.responses import OrjsonResponse
@@ -80,6 +80,7 @@ async def create_job(body: JobRequest, request: Request) -> OrjsonResponse:
             num_chunks=num_chunks,
             total=spec.num_requests,
             ttl_s=int(ARQ_START_WINDOW_S + settings.jobs_timeout_s + settings.jobs_result_ttl_s),
+            tenant=spec.tenant or DEFAULT_TENANT,
         )
         await state.arq.enqueue_job(JOB_FUNCTION, spec.to_payload(), _job_id=job_id)
     except RedisError as exc:
@@ -102,13 +103,14 @@ def job_tenant(request: Request, asked: str | None) -> str | None:
 
 @router.get("/v1/jobs/{job_id}")
 async def get_job(job_id: str, request: Request) -> OrjsonResponse:
-    return OrjsonResponse(await job_view(get_state(request), job_id))
+    return OrjsonResponse(await job_view(get_state(request), job_id, reader_of(request)))
 
 
 @router.delete("/v1/jobs/{job_id}")
 async def abort_job(job_id: str, request: Request) -> OrjsonResponse:
     state = get_state(request)
-    view = await job_view(state, job_id)
+    reader = reader_of(request)
+    view = await job_view(state, job_id, reader)
     if view["status"] in TERMINAL_STATUSES:
         return OrjsonResponse(view)
     try:
@@ -118,7 +120,7 @@ async def abort_job(job_id: str, request: Request) -> OrjsonResponse:
         pass  # still stopping (202 below), or it failed meanwhile: the view says which
     except RedisError as exc:
         raise ServiceUnavailableError(f"the job queue (Redis) does not answer: {exc}") from exc
-    view = await job_view(state, job_id)
+    view = await job_view(state, job_id, reader)
     if view["status"] in ("complete", "failed"):
         # It ended on its own just before the abort: arq never ages out the abort mark it left.
         with contextlib.suppress(RedisError):
@@ -158,8 +160,16 @@ def arq_job(state: ApiState, job_id: str) -> Job:
     return Job(job_id, state.arq, _queue_name=state.keys.arq_queue, _deserializer=loads_job)
 
 
-async def job_view(state: ApiState, job_id: str) -> dict[str, Any]:
-    """The job as ``GET /v1/jobs/{id}`` shows it; 404 for an id this deployment does not know.
+def reader_of(request: Request) -> str | None:
+    """Whose jobs the request may see: its key's tenant's (TAILCUT_AUTH_REQUIRED); None: any job (without
+    keys the tenant is whatever a client says, so it proves nothing)."""
+    key = api_key_of(request)
+    return key.tenant if key is not None else None
+
+
+async def job_view(state: ApiState, job_id: str, reader: str | None = None) -> dict[str, Any]:
+    """The job as ``GET /v1/jobs/{id}`` shows it; 404 for an id this deployment does not know, or (with
+    ``reader``) another tenant's job.
 
     A final status read from arq's result is written back to the progress hash (with the result's
     TTL), so a job that never ran (aborted while queued) still reads as aborted once arq's result
@@ -168,7 +178,7 @@ async def job_view(state: ApiState, job_id: str) -> dict[str, Any]:
     store = JobStore(state.redis, state.keys)
     try:
         progress = await store.read(job_id)
-        if progress is None:
+        if progress is None or (reader is not None and progress.tenant != reader):
             raise JobNotFoundError(f"no job with id {job_id!r} (never submitted here, or expired)", param="id")
         job = arq_job(state, job_id)
         info = await job.result_info()

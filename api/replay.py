@@ -3,8 +3,8 @@ and a repeated ``Idempotency-Key`` is answered the same way — never a second e
 
 The reply comes from ``tc:out:{id}`` on whichever API process serves the call: the positions after
 ``Last-Event-ID`` (all of them without it), then each new one as the worker writes it, until the
-terminal event. Only the request's own tenant reads it (``X-Tailcut-Tenant``; until API keys name
-tenants, that is the header the client sends); anyone else, like an unknown or expired id, gets 404.
+terminal event. Only the request's own tenant reads it (its API key's with TAILCUT_AUTH_REQUIRED, else the
+``X-Tailcut-Tenant`` the client sends); anyone else, like an unknown or expired id, gets 404.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from admission.request import DEFAULT_TENANT
-from api.auth import check_auth, get_state
+from api.auth import api_key_of, check_auth, get_state
 from api.errors import error_response
 from api.render import renderer_for
 from api.responses import EventStreamResponse, OrjsonResponse
@@ -38,7 +38,8 @@ async def resume(request_id: str, request: Request, stream: bool = True) -> Resp
     """The reply of an accepted request, from the position after ``Last-Event-ID``: SSE by default,
     the whole body with ``?stream=false`` (once it is complete)."""
     state = get_state(request)
-    tenant = request.headers.get(TENANT_HEADER) or DEFAULT_TENANT
+    key = api_key_of(request)
+    tenant = key.tenant if key is not None else request.headers.get(TENANT_HEADER) or DEFAULT_TENANT
     try:
         record = await requests.load(state.redis, state.keys, request_id)
     except RedisError as exc:

@@ -171,6 +171,7 @@ class JobProgress:
     created_ms: int
     error: str | None
     abort_requested: bool
+    tenant: str = ""  # who submitted it ("" for a job stored before tenants were recorded)
 
 
 def now_ms() -> int:
@@ -188,7 +189,7 @@ class JobStore:
         self._redis = redis
         self._keys = keys
 
-    async def create(self, job_id: str, *, num_chunks: int, total: int, ttl_s: int) -> None:
+    async def create(self, job_id: str, *, num_chunks: int, total: int, ttl_s: int, tenant: str = "") -> None:
         key = self._keys.job(job_id)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(
@@ -200,6 +201,7 @@ class JobStore:
                     "done": 0,
                     "failed": 0,
                     "created_ms": now_ms(),
+                    "tenant": tenant,
                 },
             )
             pipe.expire(key, ttl_s)
@@ -219,6 +221,7 @@ class JobStore:
             created_ms=int(fields.get("created_ms", 0)),
             error=fields.get("error"),
             abort_requested=fields.get("abort_requested") == "1",
+            tenant=fields.get("tenant", ""),
         )
 
     async def request_abort(self, job_id: str) -> None:
