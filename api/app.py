@@ -17,6 +17,7 @@ from admission.tokenizer import PromptTokenizer
 from api import debug, errors, health, jobs_routes, openai_routes, replay, status_routes, tokenization
 from api.answers import AnswerCache, model_identity
 from api.auth import KeyCache
+from api.limits import LEASE_S
 from api.metrics import ApiMetrics
 from api.seeded import SeededAnswers
 from api.settings import ApiSettings
@@ -30,6 +31,7 @@ from queues.apikeys import KeyStore
 from queues.connection import check_redis, connect, connect_blocking
 from queues.jobs import connect_arq
 from queues.keys import Keys
+from queues.limits import TenantLimits
 from queues.replies import ReplyRouter
 from tailcut.errors import ServiceUnavailableError
 from tailcut.logs import log_event
@@ -104,6 +106,7 @@ def create_app(
             key_cache=KeyCache(KeyStore(redis, keys, settings.auth_secret), settings.auth_secret)
             if settings.auth_required and settings.auth_secret
             else None,
+            limits=TenantLimits(redis, keys, lease_ms=LEASE_S * 1000) if settings.auth_required else None,
         )
         app.state.tailcut = state
 

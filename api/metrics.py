@@ -93,6 +93,12 @@ class ApiMetrics:
             ["tier"],
             registry=self.registry,
         )
+        self.tenant_limited = Counter(
+            "tailcut_tenant_limited_total",
+            "Requests refused with 429 because their tenant was at one of its limits (API keys).",
+            ["limit"],
+            registry=self.registry,
+        )
         self.ttft = Histogram(
             "tailcut_ttft_seconds",
             "Admission to first content chunk.",
@@ -155,6 +161,8 @@ class ApiMetrics:
     def _initialise(self) -> None:
         """Every tier's and bucket's series from the start, at zero: a rate or a ratio over them is 0, not
         absent (Prometheus cannot tell "none yet" from "not exported")."""
+        for limit in ("requests_per_minute", "tokens_per_minute", "concurrent_requests", "queued_requests"):
+            self.tenant_limited.labels(limit)
         for tier in TIERS:
             self.shed.labels(tier)
             self.finished.labels(tier, "final")

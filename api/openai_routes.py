@@ -14,9 +14,11 @@ from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from admission.request import DEFAULT_TENANT, ChatPrompt, GenerationRequest, Prompt, TextPrompt, TokenPrompt
+from api import limits
 from api.answers import AnswerCache, Recorder, cached_batches, is_tiny
 from api.auth import api_key_of, check_auth, get_state, tier_for
 from api.errors import error_response
+from api.limits import Lease
 from api.render import renderer_for
 from api.replay import replay
 from api.responses import EventStreamResponse, OrjsonResponse
@@ -199,9 +201,11 @@ async def respond(
             return await replay(state, request, holder, stream=body.stream, fingerprint=record.fingerprint)
     cached: bytes | None = None
     marker: dict[str, str] = {}
+    lease: Lease | None = None
     try:
         message = await admit(state, generation, record)
         message.idempotency_key = idempotency_key
+        lease = await limits.acquire(state, api_key_of(request), message)
         pool = answer_pool(state, message, route, own_words_only=own_words_only)
         seeded = state.seeded.reply_for(message) if state.seeded is not None else None
         found = await pool.lookup(message) if pool is not None and seeded is None else None
@@ -213,6 +217,7 @@ async def respond(
         else:
             stream = await enqueue(state, message, record)
     except TailcutError:
+        limits.release(state, lease)
         if idempotency_key is not None:
             with contextlib.suppress(RedisError):
                 await requests.release(state.redis, state.keys, record, idempotency_key)
@@ -224,6 +229,8 @@ async def respond(
         # Answered from the cache: nothing was enqueued, so nothing is cancelled if the client leaves.
         renderer.marker = marker
         batches = cached_batches(message.id, cached)
+        if lease is not None:
+            batches = limits.limited(batches, state, lease)
         if body.stream:
             frames = event_stream(
                 state, message.id, batches, renderer, tracker=tracker, opening=True, resumable=False, enqueued=False
@@ -231,6 +238,8 @@ async def respond(
             return EventStreamResponse(frames, headers=headers)
         return OrjsonResponse(await collect(batches, renderer, tracker), headers=headers)
     batches = reply_batches(stream)
+    if lease is not None:
+        batches = limits.limited(batches, state, lease)
     if found is not None and found[1].result == "admit" and pool is not None:
         batches = recorded(batches, pool.recorder(found[0], found[1].score, state.spawn))
     if body.stream:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import uuid
@@ -12,6 +13,7 @@ from pydantic import Field, model_validator
 from admission.settings import AdmissionSettings
 from api.metrics import SloTargets
 from queues.answers import CacheConfig
+from queues.limits import Limits
 from tailcut.settings import ReplySettings
 
 _SLO = SloTargets()
@@ -94,6 +96,18 @@ class ApiSettings(AdmissionSettings, ReplySettings):
         description="Every route but the probes and /metrics needs an API key from Redis (`tailcut keys create`); "
         "the key names the tenant and the tiers it may use.",
     )
+    limit_requests_per_minute: int = Field(
+        0, ge=0, description="Per tenant (API keys): requests per minute, unless its key sets its own (0: none)."
+    )
+    limit_tokens_per_minute: int = Field(
+        0, ge=0, description="Per tenant: prompt + max_tokens per minute, settled to the real count (0: none)."
+    )
+    limit_concurrent_requests: int = Field(
+        0, ge=0, description="Per tenant: requests being answered at once (0: none)."
+    )
+    limit_queued_per_tier: int = Field(
+        0, ge=0, description="Per tenant: accepted requests of one tier that have not started yet (0: none)."
+    )
     auth_secret: str | None = Field(
         None,
         description="The deployment's secret: API keys are stored as their HMAC-SHA256 under it (required with "
@@ -135,6 +149,16 @@ class ApiSettings(AdmissionSettings, ReplySettings):
                 "API process and for `tailcut keys`): API keys are stored as their HMAC under it"
             )
         return self
+
+    def limits(self, overrides: dict[str, int] | None = None) -> Limits:
+        """The deployment's default limits, with a key's own ``overrides`` (``queues.limits.Limits`` names)."""
+        defaults = Limits(
+            requests_per_minute=self.limit_requests_per_minute,
+            tokens_per_minute=self.limit_tokens_per_minute,
+            concurrent_requests=self.limit_concurrent_requests,
+            queued_per_tier=self.limit_queued_per_tier,
+        )
+        return dataclasses.replace(defaults, **overrides) if overrides else defaults
 
     def cache_config(self, *, tiny: bool = False) -> CacheConfig:
         """The answer cache's, or (``tiny``) the tiny-request pool's: the same rules, its own size."""

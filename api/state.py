@@ -16,6 +16,7 @@ from admission.shedding import Backlog
 from api.answers import AnswerCache
 from api.metrics import ApiMetrics
 from api.seeded import SeededAnswers
+from queues.limits import TenantLimits
 
 if TYPE_CHECKING:
     from api.auth import KeyCache
@@ -49,6 +50,8 @@ class ApiState:
     seeded: SeededAnswers | None
     # The API keys in Redis, as this process sees them (None: TAILCUT_AUTH_REQUIRED is off).
     key_cache: KeyCache | None
+    # Per-tenant limits in Redis (None: TAILCUT_AUTH_REQUIRED is off: without keys there is no tenant to limit).
+    limits: TenantLimits | None
     # The shared pool of tiny requests' answers (None: the cache is off or the pool's size is 0).
     tiny_answers: AnswerCache | None
     _background: set[asyncio.Task[Any]] = field(default_factory=set)

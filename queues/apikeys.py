@@ -39,6 +39,8 @@ class ApiKey:
     # A request for a tier the key may not use runs at the key's default tier instead of a 403.
     downgrade: bool = False
     created_ms: int = 0
+    # This key's own limits (``queues.limits``); None: the deployment's default for that limit.
+    limits: dict[str, int] | None = None
 
     def fields(self, digest: str) -> dict[str, str]:
         return {
@@ -49,6 +51,7 @@ class ApiKey:
             "admin": "1" if self.admin else "0",
             "downgrade": "1" if self.downgrade else "0",
             "created_ms": str(self.created_ms),
+            **{f"limit:{name}": str(value) for name, value in (self.limits or {}).items()},
         }
 
     @classmethod
@@ -61,6 +64,10 @@ class ApiKey:
             admin=fields.get("admin") == "1",
             downgrade=fields.get("downgrade") == "1",
             created_ms=int(fields.get("created_ms") or 0),
+            limits={
+                name.removeprefix("limit:"): int(value) for name, value in fields.items() if name.startswith("limit:")
+            }
+            or None,
         )
 
 
@@ -90,6 +97,7 @@ class KeyStore:
         default_tier: Tier | None = None,
         admin: bool = False,
         downgrade: bool = False,
+        limits: dict[str, int] | None = None,
     ) -> tuple[str, ApiKey]:
         """A new key (returned once, never stored) and its record."""
         if not tenant:
@@ -104,7 +112,7 @@ class KeyStore:
             raise ValueError(f"the default tier {default!r} is not among the key's tiers")
         key_id = secrets.token_hex(6)
         key = f"tck_{key_id}_{secrets.token_urlsafe(32)}"
-        record = ApiKey(key_id, tenant, tuple(tiers), default, admin, downgrade, int(time.time() * 1000))
+        record = ApiKey(key_id, tenant, tuple(tiers), default, admin, downgrade, int(time.time() * 1000), limits)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(self._keys.api_key(key_id), mapping=record.fields(digest_of(key, self._secret)))
             pipe.sadd(self._keys.api_key_ids, key_id)

@@ -90,6 +90,22 @@ class Keys:
         # Set of every API key's id: `tailcut keys list`.
         return f"{self.prefix}apikeys"
 
+    def limit_requests(self, tenant: str, minute: int) -> str:
+        # Requests a tenant made in one minute (epoch minutes), for its requests-per-minute limit.
+        return f"{self.prefix}lim:{tenant}:r:{minute}"
+
+    def limit_tokens(self, tenant: str, minute: int) -> str:
+        # Tokens (prompt + max_tokens, settled to the real count) a tenant reserved in one minute.
+        return f"{self.prefix}lim:{tenant}:t:{minute}"
+
+    def limit_concurrent(self, tenant: str) -> str:
+        # Sorted set of a tenant's requests being answered, scored by the end of their lease.
+        return f"{self.prefix}lim:{tenant}:s"
+
+    def limit_queued(self, tenant: str, tier: str) -> str:
+        # Sorted set of a tenant's accepted requests of a tier that have not started, scored as above.
+        return f"{self.prefix}lim:{tenant}:q:{tier}"
+
     def worker_info(self, worker_id: str) -> str:
         # Hash describing a live worker (engine, model, pool, load), rewritten by its every beat and
         # expiring with it: the status page's list of workers.

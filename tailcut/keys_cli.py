@@ -37,6 +37,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     create.add_argument(
         "--downgrade", action="store_true", help="a request for another tier runs at the default tier (else 403)"
     )
+    for flag, name, text in (
+        ("--rpm", "requests_per_minute", "requests per minute"),
+        ("--tpm", "tokens_per_minute", "tokens (prompt + max_tokens) per minute"),
+        ("--concurrent", "concurrent_requests", "requests being answered at once"),
+        ("--queued", "queued_per_tier", "accepted requests of one tier not started yet"),
+    ):
+        create.add_argument(
+            flag, dest=name, type=int, help=f"this key's own limit of {text} (default: TAILCUT_LIMIT_*)"
+        )
     create.set_defaults(func=cmd_create)
     listing = keys_sub.add_parser("list", help="every key: id, tenant, tiers (never the key)")
     listing.set_defaults(func=cmd_list)
@@ -65,13 +74,22 @@ def cmd_create(args: argparse.Namespace) -> None:
     tiers = _tiers(args.tiers)
     if args.default_tier is not None and args.default_tier not in tiers:
         raise ConfigError(f"--default-tier {args.default_tier!r} is not among --tiers {args.tiers!r}")
+    names = ("requests_per_minute", "tokens_per_minute", "concurrent_requests", "queued_per_tier")
+    limits = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if any(value < 0 for value in limits.values()):
+        raise ConfigError("limits are counts >= 0 (0: no limit)")
 
     async def run() -> tuple[str, Any]:
         store, redis = _store()
         try:
             await check_redis(redis)
             return await store.create(
-                args.tenant, tiers=tiers, default_tier=args.default_tier, admin=args.admin, downgrade=args.downgrade
+                args.tenant,
+                tiers=tiers,
+                default_tier=args.default_tier,
+                admin=args.admin,
+                downgrade=args.downgrade,
+                limits=limits or None,
             )
         finally:
             await redis.aclose()

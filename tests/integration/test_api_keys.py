@@ -183,3 +183,48 @@ async def test_cached_answers_stay_with_the_keys_tenant(redis_url: str, tiny_mod
         await engine.shutdown()
     assert theirs.status_code == 200 and "tailcut" not in theirs.json(), theirs.json()
     assert own.json().get("tailcut") == {"cache": "hit"}, own.json()
+
+
+async def test_limits_are_enforced_per_tenant_with_retry_after(stack: Stack) -> None:
+    store = KeyStore(stack.redis, stack.keys, SECRET)
+    few, _ = await store.create("acme", limits={"requests_per_minute": 3})
+    other, _ = await store.create("globex")
+    small, _ = await store.create("initech", limits={"tokens_per_minute": 30})
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+        for _ in range(3):
+            assert (await client.post("/v1/completions", json=BODY, headers=bearer(few))).status_code == 200
+        refused = await client.post("/v1/completions", json=BODY, headers=bearer(few))
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+        assert "requests per minute" in refused.json()["error"]["message"]
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        assert (await client.post("/v1/completions", json=BODY, headers=bearer(other))).status_code == 200
+        # 9 prompt + 4 output tokens each: two fit in 30, the third does not.
+        for _ in range(2):
+            assert (await client.post("/v1/completions", json=BODY, headers=bearer(small))).status_code == 200
+        assert (await client.post("/v1/completions", json=BODY, headers=bearer(small))).status_code == 429
+        too_large = await client.post("/v1/completions", json={**BODY, "max_tokens": 40}, headers=bearer(small))
+        assert too_large.status_code == 400 and too_large.json()["error"]["param"] == "max_tokens", too_large.text
+        metrics = (await client.get("/metrics")).text
+    assert 'tailcut_tenant_limited_total{limit="requests_per_minute"} 1.0' in metrics
+    assert 'tailcut_tenant_limited_total{limit="tokens_per_minute"} 1.0' in metrics
+
+
+async def test_a_tenant_runs_no_more_requests_at_once_than_its_limit(redis_url: str, tiny_model: Path) -> None:
+    engine = start_engine(EngineSettings(kind="null", null_step_ms=20), tiny_model, TEST_MAX_MODEL_LEN)
+    try:
+        async with running_stack(redis_url, tiny_model, engine, auth_required=True, auth_secret=SECRET) as stack:
+            key, _ = await KeyStore(stack.redis, stack.keys, SECRET).create("acme", limits={"concurrent_requests": 1})
+            async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+                slow = asyncio.create_task(
+                    client.post("/v1/completions", json={**BODY, "max_tokens": 50}, headers=bearer(key))
+                )
+                await asyncio.sleep(0.3)  # accepted, and running (a token each 20 ms)
+                second = await client.post("/v1/completions", json=BODY, headers=bearer(key))
+                assert second.status_code == 429 and "at once" in second.json()["error"]["message"], second.text
+                assert (await slow).status_code == 200
+                async with asyncio.timeout(5):  # released once its reply ended
+                    while (await client.post("/v1/completions", json=BODY, headers=bearer(key))).status_code != 200:
+                        await asyncio.sleep(0.05)
+    finally:
+        await engine.shutdown()
