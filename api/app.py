@@ -17,6 +17,7 @@ from admission.tokenizer import PromptTokenizer
 from api import debug, errors, health, jobs_routes, openai_routes, replay, status_routes, tokenization
 from api.answers import AnswerCache, model_identity
 from api.auth import KeyCache
+from api.bodylimit import BodyLimit
 from api.limits import LEASE_S
 from api.metrics import ApiMetrics
 from api.seeded import SeededAnswers
@@ -138,6 +139,7 @@ def create_app(
             log_event(log, "api_stopped", api_id=settings.api_id)
 
     app = FastAPI(title="tailcut", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     errors.install(app)
     app.include_router(health.router)
     app.include_router(openai_routes.router)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -74,13 +75,30 @@ def error_response(exc: TailcutError, headers: dict[str, str] | None = None) -> 
     )
 
 
+# Parts of a validation error's location that name a union's branch, not a field ("constrained-str", "list[str]").
+TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _field_part(part: object) -> bool:
+    return isinstance(part, int) or (
+        isinstance(part, str)
+        and part != "body"
+        and part not in TYPE_NAMES
+        and re.fullmatch(r"[A-Za-z_]\w*", part) is not None
+    )
+
+
 def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
-    first = errors[0]
+    # A value that fits no branch of a union fails each branch; the branch of its own type says what is wrong
+    # (a list too long), the others only that it is not of theirs.
+    first = next((error for error in errors if not str(error.get("type", "")).endswith("_type")), errors[0])
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', 'parse error')}", None
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    location = [str(part) for part in first.get("loc", ()) if _field_part(part)]
     param = ".".join(location) or None
     if first.get("type") == "missing":
+        if param is None:  # the body itself is missing
+            return "the request needs a JSON body (Content-Type: application/json)", None
         return f"missing required field `{param}`", param
     message = first.get("msg", "invalid value")
     if param:
@@ -103,7 +121,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> OrjsonResponse:
         error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return OrjsonResponse(error_body(str(exc.detail), error_type), status_code=exc.status_code)
+        # Starlette's own headers go out too: a 405 says which methods the path has (Allow).
+        return OrjsonResponse(
+            error_body(str(exc.detail), error_type), status_code=exc.status_code, headers=exc.headers or None
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> OrjsonResponse:

@@ -6,7 +6,7 @@ range are refused with a 400 that names the field.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,6 +42,14 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+# Bounds on what one request may carry (each a clear 400; the OpenAPI document states them).
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1000
+MAX_STOP_TOKEN_IDS = 64
+MAX_MESSAGES = 2048
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+
+
 class GenerationFields(BaseModel):
     """Fields shared by chat and text completions, including the vLLM extensions benchmarks send."""
 
@@ -54,8 +62,8 @@ class GenerationFields(BaseModel):
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1)
@@ -72,7 +80,7 @@ class GenerationFields(BaseModel):
 
 
 class ChatCompletionRequest(GenerationFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1)
     top_logprobs: int | None = None
 

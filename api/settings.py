@@ -96,6 +96,9 @@ class ApiSettings(AdmissionSettings, ReplySettings):
         description="Every route but the probes and /metrics needs an API key from Redis (`tailcut keys create`); "
         "the key names the tenant and the tiers it may use.",
     )
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, ge=0, description="Largest request body; a larger one is a 413 before it is parsed (0: none)."
+    )
     limit_requests_per_minute: int = Field(
         0, ge=0, description="Per tenant (API keys): requests per minute, unless its key sets its own (0: none)."
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,11 @@ CASES: list[tuple[str, str, dict[str, Any] | bytes, dict[str, str], int, str, st
     ("token out of vocab", "/v1/completions", {"prompt": [1, 999999]}, {}, 400, "outside the vocabulary", "prompt"),
     ("many prompts", "/v1/completions", {"prompt": ["a", "b"]}, {}, 400, "one prompt per request", "prompt"),
     ("no such route", "/v1/embeddings", {"input": "x"}, {}, 404, "Not Found", None),
+    ("no body", CHAT, b"", {}, 400, "needs a JSON body", None),
+    ("too many stops", CHAT, {"messages": HELLO, "stop": ["x"] * 17}, {}, 400, "at most 16 items", "stop"),
+    ("long stop", CHAT, {"messages": HELLO, "stop": "x" * 1001}, {}, 400, "at most 1000 characters", "stop"),
+    ("many stop ids", CHAT, {"messages": HELLO, "stop_token_ids": [1] * 65}, {}, 400, "at most 64", "stop_token_ids"),
+    ("too many messages", CHAT, {"messages": HELLO * 2049}, {}, 400, "at most 2048 items", "messages"),
 ]
 
 
@@ -135,3 +141,29 @@ async def test_a_full_tier_queue_sheds_new_requests_with_429_background_first(re
         lengths = {tier: sum([await stack.redis.xlen(stack.keys.intake(tier, b)) for b in ("short", "medium", "long")])
                    for tier in ("background", "realtime")}  # fmt: skip
         assert lengths == {"background": 3, "realtime": 1}
+
+
+async def test_a_body_over_the_limit_is_a_413_and_a_wrong_method_says_which_are_allowed(
+    redis_url: str, tiny_model: Path
+) -> None:
+    async with running_stack(redis_url, tiny_model, None, max_body_bytes=1000) as stack:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as client:
+            big = {"messages": [{"role": "user", "content": "x" * 2000}]}
+            refused = await client.post(CHAT, json=big)
+            assert refused.status_code == 413, refused.text
+            assert refused.json()["error"]["code"] == "request_too_large"
+
+            async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: counted as it arrives
+                yield b'{"messages": [{"role": "user", "content": "'
+                for _ in range(20):
+                    yield b"x" * 100
+                yield b'"}]}'
+
+            streamed = await client.post(CHAT, content=chunks(), headers={"content-type": "application/json"})
+            assert streamed.status_code == 413, streamed.text
+            small = await client.post(CHAT, json={"messages": HELLO, "n": 2})
+            assert small.status_code == 400  # under the limit: parsed as usual
+            wrong = await client.put(CHAT, json={"messages": HELLO})
+            assert wrong.status_code == 405 and wrong.headers["allow"] == "POST", wrong.headers
+            assert wrong.json()["error"]["type"] == "invalid_request_error"
+        assert all([await stack.redis.xlen(stream) == 0 for stream in stack.keys.intake_all()])
