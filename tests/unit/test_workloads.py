@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bench.lengthtable import LengthTableError, chat_messages, exchanges, load_table, shipped_tables, table_json
-from bench.simrun import SimConfig, floor_e2e_ms, simulate
+from bench.simrun import SimConfig, fifo_capacity_rps, floor_e2e_ms, simulate
 from bench.workloads import (
     Arrival,
     Arrivals,
@@ -362,3 +362,19 @@ def test_at_least_three_workloads_beside_seed_mix_that_differ() -> None:
 def test_an_unknown_workload_names_the_shipped_ones() -> None:
     with pytest.raises(WorkloadError, match="long-history"):
         load_workload("nope")
+
+
+def test_a_session_workload_capacity_leaves_out_prefix_cache_hits_a_saturation_run_invents() -> None:
+    # Sent at once, later turns hit their history far more often than an open-loop trace lets them.
+    workload = _session_workload()
+    trace = draw_requests(workload, 600, np.random.default_rng([0, 3]))
+    with_cache = simulate(trace, workload, SimConfig(policy="fifo", cost=H100, drain_s=float("inf")), duration_s=0.0)
+    realtime = [r for r in with_cache.records if r.arrival.tier == "realtime"]
+    history = sum(r.arrival.history_tokens for r in realtime)
+    assert sum(r.cached_prompt_tokens for r in realtime) > 0.5 * history > 0
+    capacity = fifo_capacity_rps(workload, H100, seed=0, num_requests=600)
+    no_cache = SimConfig(policy="fifo", cost=H100, prefix_cache=False)
+    assert capacity == fifo_capacity_rps(workload, H100, seed=0, num_requests=600, base=no_cache)
+    cached = SimConfig(policy="fifo", cost=H100)
+    seed_capacity = fifo_capacity_rps(SEED_MIX, H100, seed=0, num_requests=600, base=cached)
+    assert seed_capacity == fifo_capacity_rps(SEED_MIX, H100, seed=0, num_requests=600)
