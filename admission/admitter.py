@@ -92,8 +92,6 @@ class Admitter:
                 raise InvalidRequestError(
                     "this model has no chat template, which chat messages need; send a text prompt (/v1/completions)"
                 )
-            if not any(message["content"].strip() for message in prompt.messages):
-                raise InvalidRequestError("every message is empty; send some text in `messages`", param=prompt.param)
             return await tokenizer.encode_chat(prompt.messages)
         if isinstance(prompt, TextPrompt):
             if not prompt.text:

@@ -14,7 +14,7 @@ from admission.admitter import Admitter
 from admission.request import ServedModel
 from admission.shedding import Backlog
 from admission.tokenizer import PromptTokenizer
-from api import debug, errors, health, jobs_routes, openai_routes, replay, status_routes, tokenization
+from api import debug, errors, health, jobs_routes, openai_routes, openapi, replay, status_routes, tokenization
 from api.answers import AnswerCache, model_identity
 from api.auth import KeyCache
 from api.bodylimit import BodyLimit
@@ -141,6 +141,7 @@ def create_app(
     app = FastAPI(title="tailcut", version="0.1.0", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     errors.install(app)
+    openapi.install(app)
     app.include_router(health.router)
     app.include_router(openai_routes.router)
     app.include_router(tokenization.router)

@@ -8,7 +8,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from api.responses import OrjsonResponse
 from tailcut.errors import (
@@ -100,12 +102,28 @@ def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]
         if param is None:  # the body itself is missing
             return "the request needs a JSON body (Content-Type: application/json)", None
         return f"missing required field `{param}`", param
+    kind, context = first.get("type"), first.get("ctx") or {}
+    if param and kind == "string_too_short" and context.get("min_length") == 1:
+        return f"`{param}` is empty; send some text", param
+    if param and kind == "too_long" and context.get("max_length") == 1:
+        return f"only one {param} per request is supported; send one request per {param}", param
+    if param and kind == "string_pattern_mismatch" and context.get("pattern") == r"\S":
+        return f"`{param}` is blank; send some text", param
     message = first.get("msg", "invalid value")
     if param:
         message = f"`{param}`: {message}"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     return message, param
+
+
+def allowed_methods(request: Request) -> list[str]:
+    methods: set[str] = set()
+    for route in request.app.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match != Match.NONE and isinstance(route, APIRoute):
+            methods |= route.methods or set()
+    return sorted(methods)
 
 
 def install(app: FastAPI) -> None:
@@ -121,9 +139,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> OrjsonResponse:
         error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        # Starlette's own headers go out too: a 405 says which methods the path has (Allow).
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Every method of the path, not only the first route's (Starlette stops at the first that matches).
+            headers["Allow"] = ", ".join(allowed_methods(_request))
         return OrjsonResponse(
-            error_body(str(exc.detail), error_type), status_code=exc.status_code, headers=exc.headers or None
+            error_body(str(exc.detail), error_type), status_code=exc.status_code, headers=headers or None
         )
 
     @app.exception_handler(Exception)

@@ -48,7 +48,7 @@ from tailcut.errors import (
 router = APIRouter(dependencies=[Depends(check_auth)])
 
 
-@router.post("/v1/jobs")
+@router.post("/v1/jobs", status_code=202)
 async def create_job(body: JobRequest, request: Request) -> OrjsonResponse:
     state = get_state(request)
     state.drain.refuse_if_draining()
@@ -106,7 +106,7 @@ async def get_job(job_id: str, request: Request) -> OrjsonResponse:
     return OrjsonResponse(await job_view(get_state(request), job_id, reader_of(request)))
 
 
-@router.delete("/v1/jobs/{job_id}")
+@router.delete("/v1/jobs/{job_id}", responses={202: {"description": "Aborting: the job is still stopping."}})
 async def abort_job(job_id: str, request: Request) -> OrjsonResponse:
     state = get_state(request)
     reader = reader_of(request)

@@ -62,6 +62,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     get_state(request).admitter.check_model(body.model)
     messages = [{"role": message.role, "content": message.text()} for message in body.messages]
     max_tokens = body.max_completion_tokens or body.max_tokens
+    context = get_state(request).model.max_model_len
+    for name, value in (("max_tokens", body.max_tokens), ("max_completion_tokens", body.max_completion_tokens)):
+        if value is not None and value > context:  # also the one the other overrides
+            raise InvalidRequestError(f"`{name}` is {value}, over this model's context of {context} tokens", param=name)
     generation = generation_request(body, ChatPrompt(messages), request, max_tokens=max_tokens)
     # Only the user's own words (no system prompt, no earlier turns): a tiny one may use the shared pool.
     own_words_only = len(messages) == 1 and messages[0]["role"] == "user"

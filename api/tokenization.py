@@ -23,12 +23,12 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict, Field
 
 from admission.tokenizer import PromptTokenizer
 from api.auth import check_auth, get_state
 from api.responses import OrjsonResponse
-from api.schemas import ChatMessage
+from api.schemas import ChatMessage, RequestModel, TokenId
 from api.state import ApiState
 from tailcut.errors import InvalidRequestError
 from tailcut.models import encode_chat
@@ -39,14 +39,30 @@ Params = ParamSpec("Params")
 Result = TypeVar("Result")
 
 
-class TokenizeRequest(BaseModel):
-    """Either of vLLM's two bodies: ``prompt`` (text) or ``messages`` (a chat); unknown fields are ignored."""
+class TokenizeRequest(RequestModel):
+    """Either of vLLM's two bodies: ``prompt`` (text) or ``messages`` (a chat); unknown fields are ignored.
+    The schema says one of the two (``oneOf``), as the route checks."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(
+        extra="ignore",
+        strict=True,
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["prompt"], "properties": {"prompt": {"type": "string"}, "messages": {"type": "null"}}},
+                {"required": ["messages"], "properties": {"messages": {"type": "array"}, "prompt": {"type": "null"}}},
+            ],
+            # Continuing the final message means not opening the assistant's turn (whose default is to).
+            "if": {
+                "properties": {"continue_final_message": {"const": True}, "messages": {"type": "array"}},
+                "required": ["continue_final_message", "messages"],
+            },
+            "then": {"properties": {"add_generation_prompt": {"const": False}}, "required": ["add_generation_prompt"]},
+        },
+    )
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
     # vLLM's defaults: True for a text prompt; False for a chat (its template adds what the model needs).
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
@@ -54,11 +70,9 @@ class TokenizeRequest(BaseModel):
     return_token_strs: bool | None = False
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class DetokenizeRequest(RequestModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 @router.post("/tokenize")

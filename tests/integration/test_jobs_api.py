@@ -24,7 +24,7 @@ CASES: list[tuple[str, dict[str, Any] | bytes, int, str, str | None]] = [
     ("malformed json", b'{"lines": [', 400, "not valid JSON", None),
     ("no log", {"instruction": "find errors"}, 400, "exactly one of `logs`", "logs"),
     ("two logs", {"instruction": "x", "logs": "a", "lines": ["a"]}, 400, "exactly one of `logs`", "logs"),
-    ("blank log", {"instruction": "x", "logs": " \n \n"}, 400, "`logs` holds no text", "logs"),
+    ("blank log", {"instruction": "x", "logs": " \n \n"}, 400, "`logs` is blank", "logs"),
     ("empty lines", {"instruction": "x", "lines": []}, 400, "`lines` holds no text", "lines"),
     ("missing instruction", {"lines": LINES}, 400, "missing required field `instruction`", "instruction"),
     ("blank instruction", {"lines": LINES, "instruction": "  "}, 400, "`instruction` is blank", "instruction"),
