@@ -90,7 +90,7 @@ class ShareGPTFile:
             return f"{self.path.name}: {self.num_complete:,} conversations (the whole file)"
         return (
             f"{self.path.name}: {self.num_complete:,} complete conversations; the file ends or breaks inside "
-            f"the next one (character {self.stopped_at_char:,}: {self.stop_reason}), which is left out"
+            f"the next one, which starts at character {self.stopped_at_char:,} and is left out ({self.stop_reason})"
         )
 
 
@@ -299,7 +299,8 @@ class _ArrayReader:
                 element = self._value()
             except json.JSONDecodeError as exc:
                 self.stopped_at = start
-                self.stop_reason = f"{exc.msg} (character {self._base + exc.pos:,})"
+                at = "" if exc.msg.endswith(" at") else " at"
+                self.stop_reason = f"{exc.msg}{at} character {self._base + exc.pos:,}"
                 return
             yield element
             separator = self._next_char()

@@ -103,7 +103,7 @@ BAD: list[tuple[str, str, dict[str, Any] | bytes, int, str, str | None]] = [
     ("neither", "/tokenize", {"model": None}, 400, "send `prompt` (a text) or `messages`", "prompt"),
     ("both", "/tokenize", {"prompt": "a", "messages": CHAT}, 400, "one of the two", "prompt"),
     ("prompt not text", "/tokenize", {"prompt": 5}, 400, "valid string", "prompt"),
-    ("empty messages", "/tokenize", {"messages": []}, 400, "`messages` is empty", "messages"),
+    ("empty messages", "/tokenize", {"messages": []}, 400, "at least 1 item", "messages"),
     (
         "unknown role",
         "/tokenize",
@@ -125,7 +125,7 @@ BAD: list[tuple[str, str, dict[str, Any] | bytes, int, str, str | None]] = [
     ("no tokens", "/detokenize", {"model": None}, 400, "missing required field `tokens`", "tokens"),
     ("token not a number", "/detokenize", {"tokens": ["a"]}, 400, "valid integer", "tokens.0"),
     ("token out of vocab", "/detokenize", {"tokens": [1, 999999]}, 400, "outside the vocabulary", "tokens"),
-    ("negative token", "/detokenize", {"tokens": [-1]}, 400, "token id -1 is outside", "tokens"),
+    ("negative token", "/detokenize", {"tokens": [-1]}, 400, "greater than or equal to 0", "tokens.0"),
     ("unknown model", "/detokenize", {"model": "gpt-9", "tokens": [1]}, 404, "'gpt-9' does not exist", "model"),
 ]
 

@@ -457,6 +457,23 @@ def test_cli_sharegpt_run_writes_vllms_result_fields(
     assert "12 complete conversations" in printed
 
 
+def test_cli_random_dataset_open_loops_keep_todays_options(server: FakeServer, tmp_path: Path) -> None:
+    workload = tmp_path / "tiny.json"
+    workload.write_bytes(orjson.dumps(TINY_WORKLOAD))
+    common = ["bench", "load", "--url", server.url, "--workload", str(workload)]
+    # Today's Poisson trace for a duration: the workload's own trace (bench.workloads.poisson_trace).
+    main([*common, "--rate", "40", "--duration", "0.3", "--seed", "2", "--out", str(tmp_path / "poisson")])
+    report = orjson.loads((tmp_path / "poisson" / "load.json").read_bytes())
+    trace = poisson_trace(Workload.model_validate(TINY_WORKLOAD), 40.0, seed=2, duration_s=0.3)
+    assert report["num_prompts"] == report["completed"] == len(trace) and report["request_rate"] == 40.0
+    # vLLM's language on the random dataset: all at once (the default rate), token-id prompts, ignore_eos.
+    server.received.clear()
+    main([*common, "--num-prompts", "5", "--out", str(tmp_path / "burst")])
+    report = orjson.loads((tmp_path / "burst" / "load.json").read_bytes())
+    assert report["request_rate"] == "inf" and report["completed"] == 5 and report["workload"] == "tiny"
+    assert all(isinstance(body["prompt"], list) and body["ignore_eos"] is True for _, body in server.received)
+
+
 def test_cli_sharegpt_on_the_chat_route_and_bad_combinations(
     server: FakeServer, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
