@@ -10,8 +10,8 @@ from workers.scheduling import EngineView, SchedulingPolicy
 
 # Weight of the newest step time in the smoothed one the scheduler sees (its slack rule).
 STEP_SMOOTHING = 0.2
-# The engine's step budget is changed only when the scheduler's moves by this much: the room rule
-# follows the running count, and each change is a call into vLLM's engine process.
+# The engine's step budget moves on a grid of this many tokens: the room rule follows the running
+# count, and each change is a call into vLLM's engine process.
 BUDGET_APPLY_STEP = 64
 
 
@@ -52,7 +52,9 @@ class StepTimer:
 
 
 class BudgetFollower:
-    """Decides when the engine's per-step token budget follows the scheduler's."""
+    """Decides when the engine's per-step token budget follows the scheduler's: at once, rounded up
+    to the ``BUDGET_APPLY_STEP`` grid, when the scheduler's is above the engine's (what it admitted
+    must fit the step), and when it fell a whole grid step below it; not for smaller moves down."""
 
     def __init__(self, applied: int | None) -> None:
         self.applied = applied  # the value in force; None: unknown
@@ -61,7 +63,22 @@ class BudgetFollower:
         """The budget to apply to the engine now (counted as applied), or None to leave it."""
         if budget is None:
             return None
-        if self.applied is not None and abs(budget - self.applied) < BUDGET_APPLY_STEP:
+        if self.applied is not None and self.applied - BUDGET_APPLY_STEP < budget <= self.applied:
             return None
-        self.applied = budget
-        return budget
+        self.applied = -(-budget // BUDGET_APPLY_STEP) * BUDGET_APPLY_STEP
+        return self.applied
+
+
+class ChunkFollower:
+    """Decides when the engine's prefill chunk (vLLM's ``long_prefill_token_threshold``) follows the
+    scheduler's: at every change (the scheduler moves it rarely)."""
+
+    def __init__(self, applied: int | None) -> None:
+        self.applied = applied  # the value in force; None: unknown
+
+    def update(self, chunk: int | None) -> int | None:
+        """The chunk to apply to the engine now (counted as applied), or None to leave it."""
+        if chunk is None or chunk == self.applied:
+            return None
+        self.applied = chunk
+        return chunk

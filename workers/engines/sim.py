@@ -312,6 +312,12 @@ class SimEngine:
         self._token_budget = max(1, min(num_tokens, self.max_num_batched_tokens))
         return self._token_budget
 
+    def set_prefill_chunk(self, num_tokens: int) -> int:
+        """Set ``long_prefill_token_threshold`` (0: no cap) from the next step on, as the tailcut
+        vLLM plugin sets vLLM's; returns the value in force."""
+        self.long_prefill_token_threshold = max(0, num_tokens)
+        return self.long_prefill_token_threshold
+
     def idle_until(self, t_us: float) -> float:
         """Move the clock forward to ``t_us`` over a stretch where the engine holds nothing."""
         if self._requests:

@@ -1,13 +1,13 @@
-"""A vLLM general plugin: lets the worker change the engine's per-step token budget at runtime, and
-makes the processes vLLM starts die with the one that started them.
+"""A vLLM general plugin: lets the worker change the engine's per-step token budget and its prefill
+chunk at runtime, and makes the processes vLLM starts die with the one that started them.
 
 vLLM loads ``vllm.general_plugins`` entry points in every process it starts, the engine-core process
 included; ``register`` adds utility methods to ``EngineCore`` there, which the worker calls with
 ``engine_core.call_utility_async(name, ...)``. No public vLLM API changes the budget of a running
 ``AsyncLLM`` (ENGINE-NOTES.md): this relies on the scheduler reading
-``scheduler_config.max_num_batched_tokens`` every step and on ``max_num_scheduled_tokens``, both
-internal to vLLM 0.32. ``VllmEngine`` checks at start that the methods answer and otherwise falls
-back to admission-level budgeting with one log line.
+``scheduler_config.max_num_batched_tokens`` and ``long_prefill_token_threshold`` every step and on
+``max_num_scheduled_tokens``, all internal to vLLM 0.32. ``VllmEngine`` checks at start that the
+methods answer and otherwise falls back to admission-level budgeting with one log line.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections import deque
 from typing import Any
 
 SET_BUDGET = "tailcut_set_token_budget"
+SET_PREFILL_CHUNK = "tailcut_set_prefill_chunk"
 STEP_TOKENS = "tailcut_step_tokens"
 # How many recent engine steps keep their scheduled-token count (for tests and diagnostics).
 STEPS_KEPT = 256
@@ -32,6 +33,14 @@ def _set_token_budget(core: Any, num_tokens: int) -> int:
     scheduler.max_num_scheduled_tokens = budget
     scheduler.scheduler_config.max_num_batched_tokens = budget
     return budget
+
+
+def _set_prefill_chunk(core: Any, num_tokens: int) -> int:
+    """Set ``long_prefill_token_threshold`` (the most prompt tokens one request computes per step;
+    0: no cap), which vLLM's scheduler reads at every step; returns the value in force."""
+    chunk = max(0, int(num_tokens))
+    core.scheduler.scheduler_config.long_prefill_token_threshold = chunk
+    return chunk
 
 
 def _record_steps(core: Any) -> None:
@@ -76,4 +85,5 @@ def register() -> None:
     _die_with_parent()
 
     setattr(EngineCore, SET_BUDGET, _set_token_budget)
+    setattr(EngineCore, SET_PREFILL_CHUNK, _set_prefill_chunk)
     setattr(EngineCore, STEP_TOKENS, _step_tokens)
