@@ -7,8 +7,10 @@ DESIGN.md "Scheduling":
 
 1. a token budget per round (``workers.budget``), short bucket first; new prefill work is admitted
    while it fits what the running decodes and the prompts still being prefilled (one engine chunk
-   each, ``prefill_chunk_tokens``) leave of it. A longer prompt is admitted only when no prefill
-   is in flight, so it is not starved and the engine chunks it while every step keeps room;
+   each, ``prefill_chunk_tokens``) leave of it (``Room``). A realtime prompt is admitted at once,
+   the step growing up to the budget ceiling; lower-tier prompts leave the realtime reserve free,
+   and background leaves room for the normal tier. A prompt longer than the room is admitted only
+   when no prefill is in flight, so it is not starved and the engine chunks it;
 2. realtime before normal before background, but realtime may jump ahead of older waiting
    lower-tier work at most ``max_cut_ins`` times in a row; then the oldest lower-tier request is
    admitted if it fits;
@@ -18,6 +20,13 @@ DESIGN.md "Scheduling":
    request yields only when higher-tier work waits and capacity is short, since a resume costs a
    prefill of whatever fell out of the prefix cache meanwhile.
 
+Adaptive sizes (``SchedulerConfig.adaptive``), from what a worker observes and nothing else: the
+engine's prefill chunk and the realtime reserve fit a high quantile of the realtime prompts seen (less
+what the engine's prefix cache served of them), so a realtime prompt is prefilled in one step; the
+normal tier's room fits its prompts; the lower tiers' room follows their arrival rate and backlog
+when that is more than the budget rule gives; and background waits while more realtime requests are
+in flight than usual (``background_gate_margin``). The configured chunk and reserve are floors.
+
 KV is counted by reservation (``SchedRequest.reserved_kv_tokens``): a request is admitted only if its
 prompt plus the output ``kv_reservation`` expects of its next call fits what the running requests'
 reservations leave, and the same figure decides yields and how many background requests to preempt.
@@ -26,10 +35,12 @@ reservations leave, and the same figure decides yields and how many background r
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from queues.keys import Bucket, Tier
-from workers.budget import RealtimeProgress, token_budget
+from workers.budget import PrefillRate, PromptLengths, RealtimeProgress, TimeAverage, token_budget
 from workers.fairshare import DeficitRoundRobin, rtt_weight
 from workers.scheduling import (
     BUCKET_RANK,
@@ -52,6 +63,63 @@ def _urgency(request: SchedRequest) -> tuple[int, ...]:
     return (BUCKET_RANK[request.bucket], request.arrival_ms)
 
 
+# The normal tier's room is held free of background while a normal request arrived among the last
+# this many arrivals (of any tier): room kept for a tier that stopped sending is throughput lost.
+NORMAL_ROOM_MEMORY = 256
+# Weight of the newest request in a tier's cached share (``TailcutPolicy.prompt_cached``).
+CACHED_SHARE_WEIGHT = 1 / 64
+# The lower tiers' arrival rate and the realtime requests in flight are averaged over this long.
+TRAFFIC_WINDOW_MS = 5_000
+# The lower tiers' room covers their arrival rate and their backlog over this long, with this margin
+# (and a chunk to spare: prompts are admitted in whole chunks).
+DEMAND_MARGIN = 0.5
+BACKLOG_DRAIN_MS = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """One round's sizes, in tokens per engine step (``TailcutPolicy.room``).
+
+    ``chunk`` is the engine's prefill chunk in force. The step budget holds the running decodes, the
+    prefill room ``lower_prefill`` and the realtime ``reserve`` on top of it. A lower-tier prompt is
+    admitted while the decodes and every chunk in flight (realtime ones too: realtime prefill is
+    prefill the step already carries) stay within ``lower_limit``; background also leaves what
+    normal prompts in flight do not fill of ``normal_room``. Realtime is admitted whatever the
+    budget: the step grows up to the ``ceiling``, and the engine, which orders waiting requests by
+    priority, gives it the step's room first.
+    """
+
+    ceiling: int
+    chunk: int
+    reserve: int
+    decodes: int
+    lower_prefill: int
+    normal_room: int
+    # Background waits this round: more realtime requests are in flight than usual.
+    background_held: bool = False
+
+    @property
+    def budget(self) -> int:
+        return min(self.ceiling, self.decodes + self.lower_prefill + self.reserve)
+
+    @property
+    def lower_limit(self) -> int:
+        return self.decodes + self.lower_prefill
+
+
+@dataclass(slots=True)
+class Spent:
+    """What a round has committed of the next engine step: a token per running request, and each
+    prompt still being prefilled its chunk, per tier."""
+
+    decodes: int
+    chunks: dict[Tier, int]
+
+    @property
+    def total(self) -> int:
+        return self.decodes + sum(self.chunks.values())
+
+
 class TailcutPolicy(RunningTable):
     steers_token_budget = True
     degrades = True
@@ -68,8 +136,23 @@ class TailcutPolicy(RunningTable):
         self._bucket_bypasses = 0
         self._cut_ins = 0
         self._rtt_ms: dict[str, float] = {}
-        # Admitted requests whose prompt the engine is still computing: id → prompt tokens.
-        self._prefilling: dict[str, int] = {}
+        # Admitted requests whose prompt the engine is still computing: id → (prompt tokens, tier).
+        self._prefilling: dict[str, tuple[int, Tier]] = {}
+        # What the adaptive sizes are made of (``room``): the prompt lengths clients sent lately, per
+        # tier they size, and the share of them the engine's prefix cache served; the lower tiers'
+        # arrival rate; the realtime requests in flight, on average.
+        self._prompts: dict[Tier, PromptLengths] = {
+            tier: PromptLengths(
+                window=config.prompt_window, quantile=config.prompt_quantile, grain=config.kv_block_tokens
+            )
+            for tier in ("realtime", "normal")
+        }
+        self._cached_share: dict[Tier, float] = dict.fromkeys(self._prompts, 0.0)
+        self._arrivals_since_normal = NORMAL_ROOM_MEMORY
+        self._lower_rate = PrefillRate(window_ms=TRAFFIC_WINDOW_MS)
+        self._realtime_in_flight = TimeAverage(window_ms=TRAFFIC_WINDOW_MS)
+        # The engine's prefill chunk in force: the configured one until the driver applied another.
+        self._engine_chunk = config.prefill_chunk_tokens
         # The round's view says whether background may enter (no, in the breaker's degrade mode).
         self._admit_background = True
 
@@ -90,6 +173,8 @@ class TailcutPolicy(RunningTable):
         return len(self._realtime) + num_normal + len(self._background)
 
     def add(self, request: SchedRequest) -> None:
+        if not request.continuation:
+            self._observe(request)
         if request.tier == "realtime":
             self._realtime.push(_urgency(request), request)
         elif request.tier == "normal":
@@ -114,6 +199,19 @@ class TailcutPolicy(RunningTable):
 
     def _forget(self, request_id: str) -> None:
         self.prefilled(request_id)  # a request that left is not being prefilled either
+
+    def prompt_cached(self, request_id: str, num_cached_tokens: int) -> None:
+        """Learn the share of a tier's prompts the engine's prefix cache serves (a chat's earlier
+        turns): only the rest is computed, so only the rest sizes the chunk and the room."""
+        request = self._running.get(request_id)
+        if request is None or request.continuation or request.tier not in self._cached_share:
+            return
+        share = min(1.0, num_cached_tokens / max(1, request.prompt_tokens))
+        self._cached_share[request.tier] += CACHED_SHARE_WEIGHT * (share - self._cached_share[request.tier])
+
+    def prefill_chunk_applied(self, num_tokens: int) -> None:
+        """The driver set the engine's prefill chunk (``Decision.prefill_chunk_tokens``): count with it."""
+        self._engine_chunk = num_tokens
 
     def prefilled(self, request_id: str) -> None:
         """The engine produced the request's first token: its prompt no longer takes budget."""
@@ -152,34 +250,124 @@ class TailcutPolicy(RunningTable):
 
     def schedule(self, view: EngineView, now_ms: int) -> Decision:
         self._admit_background = view.admit_background
-        budget = self.current_budget(view, now_ms)
-        decision = Decision(token_budget=budget)
+        room = self.room(view, now_ms)
         slots, kv = view.free_slots, view.free_kv_tokens
         # Each step, every running request decodes one token and each prompt being prefilled takes
         # a chunk; what is left is room for new prompts.
-        spent = len(self._running) + sum(map(self._chunk, self._prefilling.values()))
+        admitted: list[SchedRequest] = []
+        spent = Spent(len(self._running), dict.fromkeys(TIER_RANK, 0))
+        for tokens, tier in self._prefilling.values():
+            spent.chunks[tier] += self._chunk(tokens, room)
         while slots > 0:
             # A prompt longer than the room is admitted only into an engine with no prefill in
             # flight, so it is not starved and still leaves every step room for what comes next.
-            pick = self._pick(slots, kv, budget, spent, first=not decision.admit and not self._prefilling)
+            pick = self._pick(slots, kv, room, spent, first=not admitted and not self._prefilling)
             if pick is None:
                 break
             self._admit(pick, now_ms)
-            decision.admit.append(pick)
+            admitted.append(pick)
             slots -= 1
             kv -= pick.reserved_kv_tokens(self.config)
-            spent += self._chunk(pick.prompt_tokens)
+            spent.chunks[pick.tier] += self._chunk(pick.prompt_tokens, room)
+        # A realtime prompt that fits the ceiling but not the budget grows this step's budget, so it
+        # is prefilled now and whole rather than split or held.
+        budget = min(room.ceiling, max(room.budget, spent.total))
+        decision = Decision(admit=admitted, token_budget=budget, prefill_chunk_tokens=self.prefill_chunk_tokens or None)
         decision.preempt = self._preemptions(slots, kv)
         for victim in decision.preempt:
             self._running.pop(victim.id, None)
             self._prefilling.pop(victim.id, None)
         return decision
 
-    def _chunk(self, prompt_tokens: int) -> int:
-        limit = self.config.prefill_chunk_tokens
-        return min(prompt_tokens, limit) if limit else prompt_tokens
+    # --- sizes from what the worker sees --------------------------------------------------------
+
+    def _observe(self, request: SchedRequest) -> None:
+        """Learn from a client's prompt (continuations are not a client's: they are not counted)."""
+        if not self.config.adaptive:
+            return
+        estimate = self._prompts.get(request.tier)
+        if estimate is not None:
+            # What the engine will compute of it: the prompt less the share its prefix cache serves.
+            estimate.observe(math.ceil(request.prompt_tokens * (1 - self._cached_share[request.tier])))
+        if request.tier != "realtime":
+            self._lower_rate.observe(request.prompt_tokens)
+        self._arrivals_since_normal = 0 if request.tier == "normal" else self._arrivals_since_normal + 1
+
+    @property
+    def prefill_chunk_tokens(self) -> int:
+        """The prefill chunk the engine should run with (``Decision.prefill_chunk_tokens``): the
+        configured one, raised so the realtime prompts seen (their ``prompt_quantile``) are prefilled
+        in one step, and to half the budget floor — lower-tier prompts then go through about two at a
+        time at full speed instead of many at a crawl (a prompt's first token waits for its last
+        chunk); at most half the budget ceiling, so a realtime prompt fits beside one lower-tier
+        chunk. 0 (no chunking) stays 0."""
+        config = self.config
+        configured = config.prefill_chunk_tokens
+        if not configured or not config.adaptive:
+            return configured
+        seen = self._prompts["realtime"].size() or 0
+        return max(configured, min(max(seen, config.budget.min_tokens // 2), config.budget.max_tokens // 2))
+
+    @property
+    def realtime_reserve_tokens(self) -> int:
+        """Room lower tiers leave free in every step: the configured reserve, raised to one realtime
+        prompt of the ``prompt_quantile``, at most one chunk in force. 0 (no reserve) stays 0."""
+        configured = self.config.realtime_reserve_tokens
+        seen = self._prompts["realtime"].size()
+        if not configured or seen is None:
+            return configured
+        return max(configured, min(seen, self._engine_chunk or seen))
+
+    def normal_room_tokens(self) -> int:
+        """Room background leaves free for the normal tier: one chunk of a normal prompt of the
+        ``prompt_quantile``, while normal requests keep arriving (0 before any was seen)."""
+        seen = self._prompts["normal"].size()
+        if seen is None or self._arrivals_since_normal >= NORMAL_ROOM_MEMORY:
+            return 0
+        return min(seen, self._engine_chunk) if self._engine_chunk else seen
+
+    def room(self, view: EngineView, now_ms: int) -> Room:
+        """This round's sizes (``Room``). The prefill room is the most of: what the budget rule
+        (``workers.budget``) leaves above the running decodes and the configured reserve; a normal
+        chunk and a background chunk side by side; and (adaptive) the lower tiers' arrival rate and
+        backlog at the current step time, with a margin and a chunk to spare, as far as the ceiling
+        holds it beside the decodes and the reserve. The reserve comes on top of it. Background is
+        held while more realtime requests are in flight than their recent average allows
+        (``background_gate_margin``), unless ``background_gate_max_waiting`` wait."""
+        config = self.config
+        chunk = self._engine_chunk
+        normal_room = self.normal_room_tokens()
+        decodes = len(self._running)
+        reserve = self.realtime_reserve_tokens
+        lower_prefill = max(
+            self.current_budget(view, now_ms) - decodes - config.realtime_reserve_tokens, normal_room + chunk
+        )
+        lower_rate = self._lower_rate.update(now_ms)
+        if config.adaptive:
+            backlog = sum(request.prompt_tokens for request in itertools.chain(self._normal(), self._background))
+            demand = view.step_ms * (lower_rate + backlog / BACKLOG_DRAIN_MS) * (1 + DEMAND_MARGIN) + chunk
+            lower_prefill = max(lower_prefill, min(int(demand), config.budget.max_tokens - decodes - reserve))
+        num_realtime = sum(1 for request in self._running.values() if request.tier == "realtime")
+        usual = self._realtime_in_flight.update(now_ms, num_realtime)
+        held = (
+            num_realtime > usual * (1 + config.background_gate_margin)
+            and len(self._background) < config.background_gate_max_waiting
+        )
+        return Room(
+            ceiling=config.budget.max_tokens,
+            chunk=chunk,
+            reserve=reserve,
+            decodes=decodes,
+            lower_prefill=lower_prefill,
+            normal_room=normal_room,
+            background_held=held,
+        )
+
+    def _chunk(self, prompt_tokens: int, room: Room) -> int:
+        return min(prompt_tokens, room.chunk) if room.chunk else prompt_tokens
 
     def current_budget(self, view: EngineView, now_ms: int) -> int:
+        """The budget rule's value (``workers.budget``) before the adaptive sizes (``room``)."""
         num_short = sum(1 for request in self.waiting() if request.bucket == "short")
         num_short += view.backlog_of(buckets=("short",))
         realtime = [
@@ -215,29 +403,39 @@ class TailcutPolicy(RunningTable):
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _fits(self, request: SchedRequest, kv: int, budget: int, spent: int, first: bool) -> bool:
+    def _fits(
+        self, request: SchedRequest, kv: int, room: Room, spent: Spent, first: bool, *, overdue: bool = False
+    ) -> bool:
+        """Whether ``request`` fits this round; ``overdue``: it is the older request the cut-in limit
+        lets in, which the background gate does not hold (every tier's wait stays bounded)."""
         if request.reserved_kv_tokens(self.config) > kv:
             return False
-        if request.tier != "realtime":
-            budget -= self.config.realtime_reserve_tokens
-        return first or spent + self._chunk(request.prompt_tokens) <= budget
+        if first or request.tier == "realtime":
+            return True
+        chunk = self._chunk(request.prompt_tokens, room)
+        if request.tier == "normal":
+            return spent.total + chunk <= room.lower_limit
+        if room.background_held and not overdue:
+            return False
+        # Background leaves the normal room free, or what of it normal prompts in flight do not fill.
+        return spent.total + chunk + max(0, room.normal_room - spent.chunks["normal"]) <= room.lower_limit
 
     def _oldest_lower(self) -> SchedRequest | None:
         candidates = [*self._normal(), *(self._background if self._admit_background else ())]
         return min(candidates, key=lambda request: request.arrival_ms, default=None)
 
-    def _pick(self, slots: int, kv: int, budget: int, spent: int, *, first: bool) -> SchedRequest | None:
+    def _pick(self, slots: int, kv: int, room: Room, spent: Spent, *, first: bool) -> SchedRequest | None:
         """Choose (and take out of its queue) the next request to admit, or ``None``."""
         realtime = self._realtime.peek()
         if realtime is not None:
             older = self._oldest_lower()
             jumps = older is not None and older.arrival_ms < realtime.arrival_ms
             if jumps and older is not None and self._cut_ins >= self.config.max_cut_ins:
-                if self._fits(older, kv, budget, spent, first):
+                if self._fits(older, kv, room, spent, first, overdue=True):
                     self._take(older)
                     self._cut_ins = 0
                     return older
-            if not self._fits(realtime, kv, budget, spent, first):
+            if not self._fits(realtime, kv, room, spent, first):
                 return None
             self._realtime.pop()
             if jumps:
@@ -245,13 +443,13 @@ class TailcutPolicy(RunningTable):
             return realtime
         normal = self._pick_normal()
         if normal is not None:
-            if self._fits(normal, kv, budget, spent, first):
+            if self._fits(normal, kv, room, spent, first):
                 self._cut_ins = 0
                 return normal
             self._normal_by_bucket[normal.bucket].push_front(normal.tenant, normal, _cost(normal))
             return None
         background = self._background.peek() if self._admit_background else None
-        if background is not None and self._fits(background, kv, budget, spent, first):
+        if background is not None and self._fits(background, kv, room, spent, first):
             self._cut_ins = 0
             return self._background.pop()
         return None
@@ -281,7 +479,7 @@ class TailcutPolicy(RunningTable):
 
     def _admit(self, request: SchedRequest, now_ms: int) -> None:
         self._running[request.id] = request
-        self._prefilling[request.id] = request.prompt_tokens
+        self._prefilling[request.id] = (request.prompt_tokens, request.tier)
         if request.tier == "normal":
             self.observe_wait(request.tenant, now_ms - request.arrival_ms)
 

@@ -42,6 +42,8 @@ class SchedRequest:
     # The output-length prediction (``admission.predictor``) minus what was generated since: below 1
     # once the request outgrew it. None: no prediction (reserved as under ``max``).
     predicted_remaining_tokens: int | None = None
+    # A continuation (a yielded or preempted request coming back): its prompt is not a client's.
+    continuation: bool = False
 
     @classmethod
     def of(cls, message: RequestMessage) -> SchedRequest:
@@ -56,6 +58,7 @@ class SchedRequest:
             prompt_tokens=len(message.prompt_token_ids) + generated,
             remaining_tokens=message.sampling.max_tokens - generated,
             predicted_remaining_tokens=message.predicted_output_tokens - generated,
+            continuation=generated > 0,
         )
 
     def reserved_kv_tokens(self, config: SchedulerConfig) -> int:
@@ -106,11 +109,24 @@ class SchedulerConfig:
     kv_block_tokens: int = 16
     # Most prompt tokens the engine computes per request and step (vLLM's
     # ``long_prefill_token_threshold``; 0: a whole prompt may fill a step). Admitted prompts still
-    # being prefilled take this much of every round's budget until their first token.
+    # being prefilled take this much of every round's budget until their first token. With
+    # ``adaptive``, tailcut asks for more (``Decision.prefill_chunk_tokens``), never less.
     prefill_chunk_tokens: int = 256
     # Tokens of every round's budget that only realtime prompts may use: running requests go first
-    # in an engine step, so without a reserve a realtime prompt waits for lower-tier prefills.
+    # in an engine step, so without a reserve a realtime prompt waits for lower-tier prefills. With
+    # ``adaptive``, tailcut raises it (never lowers it) to fit the realtime prompts it sees.
     realtime_reserve_tokens: int = 256
+    # Size the prefill chunk, the realtime reserve, the normal tier's room and the lower tiers' room
+    # from the traffic seen (``workers.scheduler`` "Adaptive sizes"); prompt sizes are this quantile
+    # of each tier's last ``prompt_window`` prompts (``workers.budget.PromptLengths``).
+    adaptive: bool = True
+    prompt_quantile: float = 0.99
+    prompt_window: int = 512
+    # Background waits while the realtime requests in flight exceed their recent average by this
+    # share: each step they all wait on is a step of their latency; it catches up in the lulls.
+    background_gate_margin: float = 0.1
+    # ... unless this many background requests wait (0: never wait so), so its queue stays bounded.
+    background_gate_max_waiting: int = 32
     fair_quantum_tokens: int = 512
     fair_min_weight: float = 0.25
     fair_max_weight: float = 8.0
@@ -120,6 +136,16 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.kv_block_tokens < 1:
             raise ValueError(f"kv_block_tokens must be at least 1 (the engine's KV block size): {self.kv_block_tokens}")
+        if self.background_gate_margin < 0 or self.background_gate_max_waiting < 0:
+            raise ValueError(
+                "background_gate_margin and background_gate_max_waiting must not be negative (0 waiting: no gate): "
+                f"{self.background_gate_margin}, {self.background_gate_max_waiting}"
+            )
+        if not 0 < self.prompt_quantile <= 1 or self.prompt_window < 1:
+            raise ValueError(
+                f"prompt_quantile must be in (0, 1] and prompt_window at least 1: {self.prompt_quantile}, "
+                f"{self.prompt_window}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +173,9 @@ class Decision:
     preempt: list[SchedRequest] = field(default_factory=list)
     # Per-step token budget to apply to the engine; None: leave the engine's own.
     token_budget: int | None = None
+    # Most prompt tokens per request and step to apply to the engine (its
+    # ``long_prefill_token_threshold``); None: leave the engine's own.
+    prefill_chunk_tokens: int | None = None
 
 
 class SchedulingPolicy(Protocol):
@@ -181,6 +210,15 @@ class SchedulingPolicy(Protocol):
         ...
 
     def prefilled(self, request_id: str) -> None: ...
+
+    def prompt_cached(self, request_id: str, num_cached_tokens: int) -> None:
+        """The engine served ``num_cached_tokens`` of the running request's prompt from its prefix cache
+        (vLLM reports it with the first output; the simulator's step result has it)."""
+        ...
+
+    def prefill_chunk_applied(self, num_tokens: int) -> None:
+        """The driver set the engine's prefill chunk to ``num_tokens`` (``Decision.prefill_chunk_tokens``)."""
+        ...
 
     def advance(self, request_id: str, num_generated: int) -> None: ...
 
@@ -275,6 +313,12 @@ class RunningTable:
 
     def prefilled(self, request_id: str) -> None:
         """The engine produced the request's first token (only ``tailcut`` counts prefills)."""
+
+    def prompt_cached(self, request_id: str, num_cached_tokens: int) -> None:
+        """The engine's prefix cache served part of the prompt (only ``tailcut`` learns from it)."""
+
+    def prefill_chunk_applied(self, num_tokens: int) -> None:
+        """The engine's prefill chunk changed (only ``tailcut`` asks for that)."""
 
     def _forget(self, request_id: str) -> None:
         """Drop per-request state beyond the running table (a hook for subclasses)."""

@@ -161,7 +161,29 @@ class SchedulerSettings(BaseModel):
     realtime_reserve_tokens: int = Field(
         _SCHEDULER.realtime_reserve_tokens,
         ge=0,
-        description="Tokens of each round's budget only realtime prompts may use.",
+        description="Tokens of each round's budget only realtime prompts may use (raised to fit the realtime "
+        "prompts seen while `adaptive`).",
+    )
+    adaptive: bool = Field(
+        _SCHEDULER.adaptive,
+        description="Size the engine's prefill chunk, the realtime reserve and the normal and lower tiers' room from "
+        "the traffic seen (never below the configured chunk and reserve).",
+    )
+    prompt_quantile: float = Field(
+        _SCHEDULER.prompt_quantile, gt=0, le=1, description="Quantile of the prompt lengths seen that the sizes fit."
+    )
+    prompt_window: int = Field(
+        _SCHEDULER.prompt_window, ge=1, description="Prompts per tier the quantile is taken over (the latest ones)."
+    )
+    background_gate_margin: float = Field(
+        _SCHEDULER.background_gate_margin,
+        ge=0,
+        description="Background waits while the realtime requests in flight exceed their recent average by this share.",
+    )
+    background_gate_max_waiting: int = Field(
+        _SCHEDULER.background_gate_max_waiting,
+        ge=0,
+        description="... unless this many background requests wait (0: background never waits so).",
     )
     max_cut_ins: int = Field(
         _SCHEDULER.max_cut_ins, ge=0, description="Realtime jumps ahead of older lower-tier work at most this often."
@@ -214,6 +236,11 @@ class SchedulerSettings(BaseModel):
             kv_block_tokens=kv_block_tokens,
             prefill_chunk_tokens=prefill_chunk_tokens,
             realtime_reserve_tokens=self.realtime_reserve_tokens,
+            adaptive=self.adaptive,
+            prompt_quantile=self.prompt_quantile,
+            prompt_window=self.prompt_window,
+            background_gate_margin=self.background_gate_margin,
+            background_gate_max_waiting=self.background_gate_max_waiting,
             fair_quantum_tokens=self.fair_quantum_tokens,
             fair_min_weight=self.fair_min_weight,
             fair_max_weight=self.fair_max_weight,

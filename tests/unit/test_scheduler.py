@@ -353,7 +353,8 @@ def test_long_normal_work_is_bypassed_by_shorter_buckets_at_most_three_times_in_
 
 
 def test_in_degrade_mode_no_background_enters_not_even_by_the_cut_in_rule() -> None:
-    scheduler = TailcutPolicy(SchedulerConfig(max_cut_ins=1))
+    # Without the background gate, which would hold background while realtime is busier than usual.
+    scheduler = TailcutPolicy(SchedulerConfig(max_cut_ins=1, background_gate_max_waiting=0))
     old_background = make("background", arrival_ms=0)
     scheduler.add(old_background)
     for step in range(3):

@@ -1,0 +1,231 @@
+"""The sizes tailcut adapts from what a worker sees: the prompt lengths and the realtime slack (pure)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from queues.keys import Bucket, Tier
+from workers.budget import BudgetConfig, PromptLengths
+from workers.engines.costmodel import PROFILES
+from workers.engines.sim import SimEngine
+from workers.scheduler import TailcutPolicy
+from workers.scheduling import EngineView, SchedRequest, SchedulerConfig
+
+_ids = itertools.count()
+
+
+def make(
+    tier: Tier = "normal",
+    *,
+    prompt: int = 50,
+    output: int = 32,
+    bucket: Bucket = "medium",
+    tenant: str = "t",
+    arrival_ms: int = 0,
+    deadline_ms: int = 10_000,
+) -> SchedRequest:
+    return SchedRequest(
+        id=f"a{next(_ids)}",
+        tier=tier,
+        bucket=bucket,
+        tenant=tenant,
+        arrival_ms=arrival_ms,
+        deadline_ms=deadline_ms,
+        prompt_tokens=prompt,
+        remaining_tokens=output,
+    )
+
+
+def roomy(kv: int = 1_000_000, **kwargs: object) -> EngineView:
+    return EngineView(free_slots=256, free_kv_tokens=kv, **kwargs)  # type: ignore[arg-type]
+
+
+def seen(scheduler: TailcutPolicy, tier: Tier, prompts: list[int]) -> None:
+    """Let ``scheduler`` see (admit and finish) requests of ``tier`` with these prompt lengths."""
+    for prompt in prompts:
+        request = make(tier, prompt=prompt)
+        scheduler.add(request)
+        scheduler.schedule(roomy(), now_ms=0)
+        scheduler.finish(request.id)
+
+
+def test_prompt_lengths_follow_a_high_quantile_of_the_recent_prompts() -> None:
+    lengths = PromptLengths(window=100, quantile=0.99, grain=16)
+    assert lengths.size() is None  # nothing seen: no estimate
+    for prompt in range(201, 601, 4):  # 100 prompts, 201 ... 597
+        lengths.observe(prompt)
+    assert lengths.size() == 608  # the 99th of 100 (593) in whole blocks of 16
+    for prompt in range(21, 121):  # the window moves on to short prompts
+        lengths.observe(prompt)
+    assert lengths.size() == 128
+
+
+def test_prompt_lengths_grow_at_once_and_shrink_only_by_a_whole_step() -> None:
+    lengths = PromptLengths(window=8, quantile=1.0, grain=16, min_samples=1, shrink_tokens=64)
+    lengths.observe(300)
+    assert lengths.size() == 304
+    for _ in range(8):
+        lengths.observe(260)  # 272 in blocks: less than 64 below 304, kept
+    assert lengths.size() == 304
+    for _ in range(8):
+        lengths.observe(240)  # 240: a whole 64 below, followed
+    assert lengths.size() == 240
+    lengths.observe(250)
+    assert lengths.size() == 256  # up at once
+
+
+def test_the_chunk_and_the_reserve_follow_the_realtime_prompts_seen() -> None:
+    config = SchedulerConfig(
+        budget=BudgetConfig(min_tokens=256), prefill_chunk_tokens=256, realtime_reserve_tokens=256, prompt_window=64
+    )
+    scheduler = TailcutPolicy(config)
+    seen(scheduler, "realtime", [500] * 64)
+    decision = scheduler.schedule(roomy(), now_ms=0)
+    assert decision.prefill_chunk_tokens == 512  # what the engine is asked for
+    # Until the driver applied it, the scheduler counts with the chunk in force, and the reserve is
+    # one chunk at most (a longer prompt takes two steps whatever it leaves).
+    assert scheduler.realtime_reserve_tokens == 256
+    scheduler.prefill_chunk_applied(512)
+    assert scheduler.realtime_reserve_tokens == 512
+    seen(scheduler, "realtime", [80] * 64)
+    # Short prompts again: back to the configured sizes, never below them.
+    assert (scheduler.prefill_chunk_tokens, scheduler.realtime_reserve_tokens) == (256, 256)
+    # Continuations are not a client's prompts: they do not move the estimate.
+    for _ in range(64):
+        scheduler.add(replace(make("realtime", prompt=900), continuation=True))
+    assert scheduler.prefill_chunk_tokens == 256
+
+
+def test_what_the_prefix_cache_serves_does_not_count() -> None:
+    config = SchedulerConfig(budget=BudgetConfig(min_tokens=256), prefill_chunk_tokens=16, prompt_window=64)
+    scheduler = TailcutPolicy(config)
+    for _ in range(400):  # chat turns whose history (3/4 of the prompt) the engine had cached
+        turn = make("realtime", prompt=800)
+        scheduler.add(turn)
+        scheduler.schedule(roomy(), now_ms=0)
+        scheduler.prompt_cached(turn.id, 600)
+        scheduler.finish(turn.id)
+    # A quarter of 800, in blocks of 16 (coming down from 800, it stops within 64 tokens of 200).
+    assert 200 <= scheduler.prefill_chunk_tokens <= 256
+
+
+def test_the_chunk_is_at_least_half_the_budget_floor_at_most_half_the_ceiling() -> None:
+    config = SchedulerConfig(budget=BudgetConfig(min_tokens=1024, max_tokens=2048), prompt_window=16)
+    scheduler = TailcutPolicy(config)
+    seen(scheduler, "realtime", [60] * 16)
+    assert scheduler.prefill_chunk_tokens == 512
+    seen(scheduler, "realtime", [1800] * 16)
+    assert scheduler.prefill_chunk_tokens == 1024
+    uncapped = TailcutPolicy(SchedulerConfig(prefill_chunk_tokens=0, prompt_window=16))
+    seen(uncapped, "realtime", [1800] * 16)
+    assert uncapped.prefill_chunk_tokens == 0  # no chunking stays off
+
+
+def test_without_adapting_the_configured_sizes_hold() -> None:
+    scheduler = TailcutPolicy(SchedulerConfig(adaptive=False))
+    seen(scheduler, "realtime", [500] * 64)
+    assert (scheduler.prefill_chunk_tokens, scheduler.realtime_reserve_tokens) == (256, 256)
+    assert scheduler.schedule(roomy(), now_ms=0).prefill_chunk_tokens == 256
+
+
+def _engine_runs(scheduler: TailcutPolicy, engine: SimEngine, now_ms: int) -> list[SchedRequest]:
+    """One round carried out on the simulated engine, as the worker and the simulator do."""
+    decision = scheduler.schedule(roomy(), now_ms=now_ms)
+    if decision.token_budget is not None:
+        engine.set_token_budget(decision.token_budget)
+    if decision.prefill_chunk_tokens is not None:
+        scheduler.prefill_chunk_applied(engine.set_prefill_chunk(decision.prefill_chunk_tokens))
+    for request in decision.admit:
+        priority = 1 if request.tier == "realtime" else 3
+        engine.add(request.id, request.prompt_tokens, request.remaining_tokens, priority=priority)
+    return decision.admit
+
+
+def test_a_realtime_prompt_that_fits_the_budget_is_prefilled_whole_in_one_step() -> None:
+    scheduler = TailcutPolicy(SchedulerConfig(prompt_window=64))
+    seen(scheduler, "realtime", [200 + 6 * i for i in range(64)])  # chat histories of 200-578 tokens
+    seen(scheduler, "normal", [1000] * 64)  # and documents
+    engine = SimEngine(
+        PROFILES["h100-llama3-8b"], kv_capacity_tokens=1_000_000, policy="priority", long_prefill_token_threshold=256
+    )
+    assert _engine_runs(scheduler, engine, now_ms=0) == []
+    assert engine.long_prefill_token_threshold == 592  # the engine chunks at the realtime prompts' size
+    # Lower-tier prefills in flight: a long document and a log.
+    lower = [make("normal", prompt=3000, arrival_ms=0), make("background", prompt=4000, arrival_ms=1)]
+    for request in lower:
+        scheduler.add(request)
+    assert _engine_runs(scheduler, engine, now_ms=10) == lower
+    engine.step()
+    chat = make("realtime", prompt=570, arrival_ms=20)
+    scheduler.add(chat)
+    assert _engine_runs(scheduler, engine, now_ms=20) == [chat]  # admitted at once, beside both
+    step = engine.step()
+    assert step.scheduled_tokens[chat.id] == 570  # its whole prompt in this step
+    assert chat.id in step.new_token_ids  # and its first token
+
+
+def test_the_lower_tiers_room_follows_their_arrivals_and_backlog_never_into_the_reserve() -> None:
+    def room_after(prompt: int, every_ms: int, *, backlog: int = 0) -> tuple[int, int]:
+        scheduler = TailcutPolicy(SchedulerConfig(background_gate_max_waiting=0))
+        scheduler.prefill_chunk_applied(512)
+        for now_ms in range(0, 20_000, every_ms):  # 20 s of documents, each prefilled at once
+            document = make("normal", prompt=prompt, arrival_ms=now_ms)
+            scheduler.add(document)
+            scheduler.schedule(roomy(step_ms=20), now_ms=now_ms)
+            scheduler.prefilled(document.id)
+            scheduler.finish(document.id)
+        for index in range(backlog):
+            scheduler.add(make("background", prompt=4000, arrival_ms=20_000 + index))
+        room = scheduler.room(roomy(step_ms=20), now_ms=20_000)
+        return room.lower_prefill, room.ceiling - room.decodes - room.reserve
+
+    # 5 tokens/ms need 150 a step: the most of the budget floor's room (768) and a normal chunk
+    # beside a background one (512 + 512).
+    assert room_after(500, 100)[0] == 1024
+    # 25 tokens/ms at 20 ms a step, with a half to spare, and a chunk: more than the floor gives.
+    assert room_after(500, 20)[0] == pytest.approx(20 * 25 * 1.5 + 512, rel=0.03)
+    slow, fast = room_after(500, 100, backlog=20)[0], room_after(500, 100, backlog=60)[0]
+    assert 1024 < slow < fast  # a backlog to drain over 20 s raises it too
+    assert room_after(500, 10, backlog=400) == (2048 - 256, 2048 - 256)  # up to the reserve, not into it
+
+
+def test_background_leaves_the_normal_room_free_while_normal_requests_arrive() -> None:
+    scheduler = TailcutPolicy(SchedulerConfig(prompt_window=64))
+    seen(scheduler, "normal", [500] * 64)
+    backgrounds = [make("background", prompt=4000, arrival_ms=i) for i in range(8)]
+    for request in backgrounds:
+        scheduler.add(request)
+    first = scheduler.schedule(roomy(), now_ms=0).admit
+    assert first and all(request.tier == "background" for request in first)
+    document = make("normal", prompt=500, arrival_ms=100)
+    scheduler.add(document)
+    # Background filled what it may; the document still fits beside it, at once.
+    assert scheduler.schedule(roomy(), now_ms=100).admit == [document]
+
+
+def test_background_prefill_waits_while_realtime_is_busier_than_usual() -> None:
+    def background_admitted(num_realtime_now: int, *, waiting: int = 10) -> int:
+        scheduler = TailcutPolicy(SchedulerConfig(background_gate_margin=0.1, background_gate_max_waiting=32))
+        chats = [make("realtime", prompt=100, output=500) for _ in range(20)]
+        for chat in chats:  # 20 chats in flight for 10 s: what is usual
+            scheduler.add(chat)
+        scheduler.schedule(roomy(), now_ms=0)
+        for chat in chats:
+            scheduler.prefilled(chat.id)
+        for now_ms in range(0, 10_000, 20):
+            scheduler.schedule(roomy(), now_ms=now_ms)
+        for chat in chats[num_realtime_now:]:
+            scheduler.finish(chat.id)
+        for chat in [make("realtime", prompt=100, output=500) for _ in range(num_realtime_now - 20)]:
+            scheduler.add(chat)
+        scheduler.schedule(roomy(), now_ms=10_000)  # the realtime ones enter
+        for index in range(waiting):
+            scheduler.add(make("background", prompt=400, arrival_ms=10_000 + index))
+        return sum(1 for request in scheduler.schedule(roomy(), now_ms=10_020).admit if request.tier == "background")
+
+    assert background_admitted(20) > 0  # as busy as usual
+    assert background_admitted(22) == 0  # 10% more than usual: background waits
+    assert background_admitted(22, waiting=32) > 0  # ... unless its queue reached the bound
