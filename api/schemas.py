@@ -142,6 +142,13 @@ class CompletionRequest(GenerationFields):
 
 # Text with something besides white space in it.
 SOME_TEXT = r"\S"
+# Python's str.isspace() also counts the separators U+001C..U+001F; the schema's \S (JSON Schema's and
+# pydantic's regex: Unicode White_Space) does not. The route checks as the schema does.
+SEPARATORS = "\x1c\x1d\x1e\x1f"
+
+
+def has_text(text: str) -> bool:
+    return any(not char.isspace() or char in SEPARATORS for char in text)
 
 
 class JobRequest(RequestModel):
@@ -176,10 +183,10 @@ class JobRequest(RequestModel):
             raise InvalidRequestError(
                 "send exactly one of `logs` (the log as text) or `lines` (the log as a list of lines)", param="logs"
             )
-        if not self.instruction.strip():
+        if not has_text(self.instruction):
             raise InvalidRequestError("`instruction` is blank; say what to look for in the log", param="instruction")
         lines = self.logs.splitlines() if self.logs is not None else list(self.lines or [])
-        if not any(line.strip() for line in lines):
+        if not any(has_text(line) for line in lines):
             param = "logs" if self.logs is not None else "lines"
             raise InvalidRequestError(f"`{param}` holds no text; send the log to analyse", param=param)
         return lines
