@@ -177,6 +177,7 @@ class PrefixWarmer:
         self.done = 0
         self.failed = 0
         self.yielded = 0  # prompts aborted because real traffic arrived (run again later)
+        self.paused = 0  # times the warmer waited for real traffic to finish before its next prompts
         self.elapsed_s: float | None = None  # set when every prompt was run
         self._tasks: dict[asyncio.Task[None], tuple[int, list[int]]] = {}
 
@@ -221,11 +222,14 @@ class PrefixWarmer:
             prompts=self.done,
             failed=self.failed,
             yielded=self.yielded,
+            paused=self.paused,
             elapsed_ms=int(self.elapsed_s * 1000),
         )
 
     async def _until_idle(self) -> None:
         # busy() reads the worker's queues, which change on many events: polled, cheaply.
+        if self._busy():
+            self.paused += 1
         while self._busy():  # noqa: ASYNC110
             await asyncio.sleep(POLL_S)
 

@@ -62,7 +62,9 @@ async def test_a_worker_serves_while_it_warms_and_warmed_questions_hit_the_prefi
             assert answer.status_code == 200, answer.text
             assert answer.json()["usage"]["completion_tokens"] == 40
             assert not warming_alongside, f"warmup kept the engine while a request ran: {warming_alongside[:5]}"
-            assert warmer.yielded > 0 or warmer.finished
+            # The warmer gave way: it aborted the prompts it had in the engine, or (when they finished
+            # before its next look) it waited before starting more; or it had nothing left to run.
+            assert warmer.yielded + warmer.paused > 0 or warmer.finished
             async with asyncio.timeout(120):
                 while not warmer.finished:
                     await asyncio.sleep(0.1)

@@ -150,6 +150,7 @@ async def test_the_warmer_runs_only_while_idle_and_gives_way_to_traffic_at_once(
     busy = True  # a request arrived
     await asyncio.sleep(0.06)
     assert engine.in_flight == 0 and warmer.yielded == 4 and warmer.done == 0
+    assert warmer.paused == 1  # and waits before its next prompts
     started_while_busy = len(engine.started)
     await asyncio.sleep(0.3)
     assert len(engine.started) == started_while_busy  # nothing new while the worker is busy
