@@ -25,7 +25,7 @@ from api.responses import EventStreamResponse, OrjsonResponse
 from api.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
 from api.shutdown import resume_hint
 from api.state import ApiState
-from api.streaming import ClientGone, collect, event_stream, leave, reply_batches, until_disconnect
+from api.streaming import ClientGone, collect, event_stream, leave, reply_batches, until_disconnect, wants_event_ids
 from queues import requests
 from queues.messages import OutputEvent, RequestMessage, SamplingOptions
 from queues.replies import ReplyStream
@@ -187,6 +187,7 @@ async def respond(
 ) -> Response:
     state.drain.refuse_if_draining()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    event_ids = wants_event_ids(request)
     record = RequestRecord(
         id=uuid.uuid4().hex,
         tenant=generation.tenant or DEFAULT_TENANT,
@@ -237,7 +238,15 @@ async def respond(
             batches = limits.limited(batches, state, lease)
         if body.stream:
             frames = event_stream(
-                state, message.id, batches, renderer, tracker=tracker, opening=True, resumable=False, enqueued=False
+                state,
+                message.id,
+                batches,
+                renderer,
+                tracker=tracker,
+                opening=True,
+                resumable=False,
+                event_ids=event_ids,
+                enqueued=False,
             )
             return EventStreamResponse(frames, headers=headers)
         return OrjsonResponse(await collect(batches, renderer, tracker), headers=headers)
@@ -248,7 +257,14 @@ async def respond(
         batches = recorded(batches, pool.recorder(found[0], found[1].score, state.spawn))
     if body.stream:
         frames = event_stream(
-            state, message.id, batches, renderer, tracker=tracker, opening=True, resumable=record.resumable
+            state,
+            message.id,
+            batches,
+            renderer,
+            tracker=tracker,
+            opening=True,
+            resumable=record.resumable,
+            event_ids=event_ids or record.resumable,
         )
         return EventStreamResponse(frames, headers=headers)
     try:

@@ -82,8 +82,15 @@ async def send_reply(
     renderer = renderer_for(record)
     headers = {REQUEST_ID_HEADER: record.id}
     if stream:
-        frames = event_stream(
-            state, record.id, batches, renderer, tracker=None, opening=after_seq == 0, resumable=record.resumable
+        frames = event_stream(  # a replay is what a resume reads: its frames carry their positions
+            state,
+            record.id,
+            batches,
+            renderer,
+            tracker=None,
+            opening=after_seq == 0,
+            resumable=record.resumable,
+            event_ids=True,
         )
         return EventStreamResponse(frames, headers=headers)
     try:

@@ -65,12 +65,16 @@ class Drain:
                 self._bounds.discard(bound)
 
 
+def resume_where(request_id: str, *, last_seq: int | None = None, stream: bool = True) -> str:
+    """How a client reads the rest of a reply that was cut after position ``last_seq``."""
+    if stream:
+        return f"GET /v1/requests/{request_id}" + (f" with the header `Last-Event-ID: {last_seq}`" if last_seq else "")
+    return f"GET /v1/requests/{request_id}?stream=false"
+
+
 def resume_hint(request_id: str, *, last_seq: int | None = None, stream: bool = True) -> ShuttingDownError:
     """The error that ends a reply cut by the stop: where to pick it up again."""
-    if stream:
-        where = f"GET /v1/requests/{request_id}" + (f" with the header `Last-Event-ID: {last_seq}`" if last_seq else "")
-    else:
-        where = f"GET /v1/requests/{request_id}?stream=false"
+    where = resume_where(request_id, last_seq=last_seq, stream=stream)
     return ShuttingDownError(
         f"this API instance is shutting down; request {request_id} runs on: read its reply with {where} "
         "(on any instance)"

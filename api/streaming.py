@@ -1,5 +1,11 @@
-"""A request's output events as an HTTP response: SSE frames (each with an ``id:``, the event's
-position, for ``Last-Event-ID``) or one whole body; and what happens when the client leaves.
+"""A request's output events as an HTTP response: SSE frames or one whole body; and what happens
+when the client leaves.
+
+A frame carries its event's position as the SSE ``id:`` (for ``Last-Event-ID``) only where a client
+can resume with it: streams of resumable requests, ``GET /v1/requests/{id}`` streams, and any stream
+whose client asked with ``X-Tailcut-Event-Ids: true``. Other streams are framed exactly as OpenAI's
+and vLLM's servers frame them (``data: <json>`` and a blank line), which clients that parse SSE by
+hand, ``vllm bench serve`` among them, rely on.
 
 A client that leaves cancels its request at once (the worker aborts it in the engine), unless the
 request is resumable (it was sent with an ``Idempotency-Key``): then the cancel waits
@@ -19,7 +25,7 @@ from starlette.requests import Request
 from api.errors import error_body_of
 from api.metrics import RequestTracker
 from api.render import Renderer
-from api.shutdown import resume_hint
+from api.shutdown import resume_hint, resume_where
 from api.state import ApiState
 from queues import output, requests
 from queues.messages import OutputEvent
@@ -28,6 +34,7 @@ from tailcut.errors import DeadlineExceededError, InvalidRequestError, ServiceUn
 
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
+EVENT_IDS_HEADER = "x-tailcut-event-ids"
 
 
 def sse(data: dict[str, Any], event_id: int | None = None) -> bytes:
@@ -35,18 +42,33 @@ def sse(data: dict[str, Any], event_id: int | None = None) -> bytes:
     return frame if event_id is None else b"id: %d\n" % event_id + frame
 
 
-def event_frames(event: OutputEvent, renderer: Renderer) -> list[bytes]:
-    """The SSE frames of one event; the last one carries its position as the SSE id."""
+def wants_event_ids(request: Request) -> bool:
+    """Whether the client asked for SSE ids on a stream that would have none (``X-Tailcut-Event-Ids``)."""
+    value = request.headers.get(EVENT_IDS_HEADER)
+    if value is None:
+        return False
+    if value.lower() in ("true", "1"):
+        return True
+    if value.lower() in ("false", "0", ""):
+        return False
+    raise InvalidRequestError(
+        f"X-Tailcut-Event-Ids must be true or false, got {value[:40]!r}", param="X-Tailcut-Event-Ids"
+    )
+
+
+def event_frames(event: OutputEvent, renderer: Renderer, *, ids: bool = True) -> list[bytes]:
+    """The SSE frames of one event; with ``ids``, the last one carries its position as the SSE id."""
+    seq = event.seq if ids else None
     if event.type == "chunk":
-        return [sse(renderer.content(event), event.seq)]
+        return [sse(renderer.content(event), seq)]
     if event.type == "final":
         if renderer.include_usage:
-            return [sse(renderer.finish(event)), sse(renderer.usage_chunk(event), event.seq)]
-        return [sse(renderer.finish(event), event.seq)]
+            return [sse(renderer.finish(event)), sse(renderer.usage_chunk(event), seq)]
+        return [sse(renderer.finish(event), seq)]
     if event.type == "error":
-        return [sse(error_body_of(event_error(event)), event.seq)]
+        return [sse(error_body_of(event_error(event)), seq)]
     if event.type == "degraded":
-        return [sse(renderer.notice(event), event.seq)]
+        return [sse(renderer.notice(event), seq)]
     return []
 
 
@@ -68,6 +90,7 @@ async def event_stream(
     tracker: RequestTracker | None,
     opening: bool,
     resumable: bool,
+    event_ids: bool,
     enqueued: bool = True,
 ) -> AsyncIterator[bytes]:
     finished = handed_off = False
@@ -85,7 +108,7 @@ async def event_stream(
                 if tracker is not None:
                     tracker.on_batch(batch)
                 for event in batch:
-                    frames += event_frames(event, renderer)
+                    frames += event_frames(event, renderer, ids=event_ids)
                     finished = finished or event.terminal
                     last_seq = event.seq
                 if finished:
@@ -94,12 +117,18 @@ async def event_stream(
                     yield b"".join(frames)
     except TimeoutError:
         # This process is stopping and its grace time is up: the request runs on; tell the client
-        # where to read the rest. The frame has no id, so Last-Event-ID stays the last position sent.
+        # where to read the rest, after which position. The frame has no id, so Last-Event-ID stays
+        # the last position sent.
         handed_off = True
         yield sse(error_body_of(resume_hint(request_id, last_seq=last_seq))) + DONE
     except RedisError as exc:
         # A resume reads Redis itself: say why the stream ends, and where to pick it up again.
-        yield sse(error_body_of(ServiceUnavailableError(f"the output store does not answer ({exc}); resume later")))
+        where = resume_where(request_id, last_seq=last_seq)
+        yield sse(
+            error_body_of(
+                ServiceUnavailableError(f"the output store does not answer ({exc}); later, read the rest with {where}")
+            )
+        )
     finally:
         state.metrics.open_streams.dec()
         if not finished and not handed_off and enqueued:

@@ -31,6 +31,7 @@ from workers.settings import WorkerSettings
 pytestmark = pytest.mark.engine
 
 REQUEST_ID = "x-tailcut-request-id"
+POSITIONS = {"X-Tailcut-Event-Ids": "true"}  # each frame's position as its SSE id
 
 
 @dataclass
@@ -115,7 +116,9 @@ async def test_a_draining_api_refuses_new_requests_and_hands_open_replies_to_the
                     started.set()
 
             async def stream() -> None:
-                async with client.stream("POST", "/v1/completions", json=body(prompt, 1200)) as response:
+                async with client.stream(
+                    "POST", "/v1/completions", json=body(prompt, 1200), headers=POSITIONS
+                ) as response:
                     assert response.status_code == 200
                     await read_reply(response, streamed, on_event=on_event)
 
@@ -181,7 +184,7 @@ async def test_a_stopping_worker_hands_back_what_waits_and_what_outlasts_its_dra
 
             async def stream(index: int) -> None:
                 request = body(prompts[index], lengths[index])
-                async with client.stream("POST", "/v1/completions", json=request) as response:
+                async with client.stream("POST", "/v1/completions", json=request, headers=POSITIONS) as response:
                     assert response.status_code == 200
                     await read_reply(response, replies[index])
 
@@ -345,7 +348,7 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
 
             async def stream(index: int) -> None:
                 request = body(prompts[index], length, tiers[index])
-                async with client.stream("POST", "/v1/completions", json=request) as response:
+                async with client.stream("POST", "/v1/completions", json=request, headers=POSITIONS) as response:
                     assert response.status_code == 200
                     await read_reply(response, replies[index])
 

@@ -179,3 +179,65 @@ async def test_non_streaming_chat_returns_one_body_with_usage(
     assert 'tailcut_prediction_error_tokens_count{tier="background"} 1.0' in metrics
     assert 'tailcut_prediction_error_tokens_bucket{le="1.0",tier="background"} 1.0' in metrics
     assert 'tailcut_requests_admitted_total{bucket="short",tier="background"} 1.0' in metrics
+
+
+async def test_vllm_bench_serves_own_request_functions_read_every_token_from_tailcut(
+    redis_url: str, tiny_model: Path, engine: VllmEngine
+) -> None:
+    """``vllm bench serve``'s request functions (the installed vLLM's own code, which splits SSE on
+    blank lines and parses each message as ``data: <json>``) read tailcut's streams as they read vLLM's
+    server: every request succeeds, with the text and the token count the engine produces. A stream
+    carries SSE ids only when its client asks (``X-Tailcut-Event-Ids``) or can resume it."""
+    import aiohttp
+    from vllm.benchmarks.lib.endpoint_request_func import (
+        RequestFuncInput,
+        async_request_openai_chat_completions,
+        async_request_openai_completions,
+    )
+
+    tokenizer = PromptTokenizer(tiny_model, num_threads=2)
+    prompt = "the queue is long because"
+    chat = [{"role": "user", "content": prompt}]
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "ignore_eos": True, "stream": True}
+    async with running_stack(redis_url, tiny_model, engine) as stack:
+        async with aiohttp.ClientSession() as session:
+            outputs = [
+                await call(
+                    RequestFuncInput(
+                        prompt=prompt,
+                        api_url=f"{stack.base_url}{path}",
+                        prompt_len=0,
+                        output_len=24,
+                        model="tiny",
+                        ignore_eos=True,
+                        extra_body={"temperature": 0},
+                    ),
+                    session,
+                )
+                for call, path in (
+                    (async_request_openai_completions, "/v1/completions"),
+                    (async_request_openai_chat_completions, "/v1/chat/completions"),
+                )
+            ]
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
+            plain = (await client.post("/v1/completions", json=body)).text
+            asked = (await client.post("/v1/completions", json=body, headers={"X-Tailcut-Event-Ids": "true"})).text
+            resumable = (await client.post("/v1/completions", json=body, headers={"Idempotency-Key": "ids-1"})).text
+            refused = await client.post("/v1/completions", json=body, headers={"X-Tailcut-Event-Ids": "sometimes"})
+    completion_ids = await tokenizer.encode_text(prompt)
+    chat_ids = await tokenizer.encode_chat(chat)
+    for output, prompt_ids in zip(outputs, (completion_ids, chat_ids), strict=True):
+        assert output.success, output.error
+        assert output.output_tokens == 24 and output.prompt_len == len(prompt_ids)
+        expected = await reference_ids(engine, prompt_ids, 24, f"reference-vllm-bench-{len(prompt_ids)}")
+        assert output.generated_text == tokenizer._tokenizer.decode(expected)
+        assert output.ttft > 0 and len(output.itl) >= 1
+    tokenizer.close()
+
+    def ids(text: str) -> list[int]:
+        return [int(line.removeprefix("id: ")) for line in text.splitlines() if line.startswith("id: ")]
+
+    assert ids(plain) == [] and plain.endswith("data: [DONE]\n\n") and plain.count("data: ") >= 3
+    assert len(ids(asked)) >= 2 and ids(asked) == list(range(1, len(ids(asked)) + 1))  # each event's position
+    assert len(ids(resumable)) >= 2 and ids(resumable) == list(range(1, len(ids(resumable)) + 1))
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "X-Tailcut-Event-Ids"

@@ -236,7 +236,9 @@ async def test_a_streaming_client_through_the_api_gets_its_whole_reply_after_the
     with private_redis_server(free_port, *PUBSUB_LIMIT) as server:
         async with running_stack(server.url, tiny_model, None) as stack:
             async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
-                async with client.stream("POST", "/v1/completions", json=body) as response:
+                async with client.stream(
+                    "POST", "/v1/completions", json=body, headers={"X-Tailcut-Event-Ids": "true"}
+                ) as response:
                     assert response.status_code == 200
                     request_id = response.headers["x-tailcut-request-id"]
                     reader = asyncio.create_task(read_sse(response))
