@@ -158,7 +158,15 @@ async def live_workers(redis: aioredis.Redis, keys: Keys) -> list[dict[str, Any]
     workers = []
     for worker_id, info in zip(ids, infos, strict=True):
         fields = {key.decode(): value.decode() for key, value in info.items()}
-        for name in ("running", "waiting", "token_budget", "kv_capacity_tokens", "beat_ms", "warmup_stage"):
+        for name in (
+            "running",
+            "waiting",
+            "token_budget",
+            "prefill_chunk",
+            "kv_capacity_tokens",
+            "beat_ms",
+            "warmup_stage",
+        ):
             if name in fields:
                 fields[name] = int(fields[name])  # type: ignore[assignment]
         if "capacity" in fields:

@@ -50,7 +50,7 @@ from queues.keys import Tier
 from queues.messages import RequestMessage, SamplingOptions
 from tailcut.errors import OverloadedError
 from workers.budget import BudgetConfig
-from workers.capacity import BudgetFollower, StepTimer, engine_view
+from workers.capacity import BudgetFollower, ChunkFollower, StepTimer, engine_view
 from workers.engines.costmodel import CostModel, kv_capacity_tokens
 from workers.engines.sim import KvAllocation, SimEngine, StepResult
 from workers.lifecycle import Continue, EngineCall, Finished, RequestLifecycle
@@ -172,6 +172,8 @@ class SimRun:
     num_engine_preempted: int = 0
     # How the scheduler's KV reservation of each ended engine call compared with its output.
     reservations: ReservationRecord = field(default_factory=ReservationRecord)
+    # The engine's prefill chunk at the end, as the policy last set it (None: the policy never did).
+    prefill_chunk_tokens: int | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -215,6 +217,7 @@ class _Driver:
         self.by_id: dict[str, _Request] = {}
         self.step = StepTimer()
         self.budget = BudgetFollower(config.max_num_batched_tokens)
+        self.chunk = ChunkFollower(None)  # as the worker's: the first chunk asked for is applied
         self.num_preempted = 0
         self.num_yielded = 0
         self.reservations = ReservationRecord()
@@ -311,6 +314,9 @@ class _Driver:
         budget = self.budget.update(decision.token_budget)
         if budget is not None:
             self.engine.set_token_budget(budget)
+        chunk = self.chunk.update(decision.prefill_chunk_tokens)
+        if chunk is not None:
+            self.scheduler.prefill_chunk_applied(self.engine.set_prefill_chunk(chunk))
 
     def _start(self, request: _Request, call: EngineCall) -> None:
         request.record.engine_calls += 1
@@ -343,6 +349,7 @@ class _Driver:
             if admitted is not None and admitted.record.queue_wait_ms is None:
                 admitted.record.queue_wait_ms = step.start_us / 1000 - admitted.arrival.at_s * 1000
                 admitted.record.cached_prompt_tokens = num_cached
+                self.scheduler.prompt_cached(admitted.message.id, num_cached)
         for engine_id, token_id in step.new_token_ids.items():
             request = self.by_engine_id.get(engine_id)
             if request is None or request.life is None:  # preempted after the step ran
@@ -466,6 +473,7 @@ def simulate(
         num_yielded=driver.num_yielded,
         num_engine_preempted=num_engine_preempted,
         reservations=driver.reservations,
+        prefill_chunk_tokens=driver.chunk.applied,
     )
 
 

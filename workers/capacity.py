@@ -71,7 +71,9 @@ class BudgetFollower:
 
 class ChunkFollower:
     """Decides when the engine's prefill chunk (vLLM's ``long_prefill_token_threshold``) follows the
-    scheduler's: at every change (the scheduler moves it rarely)."""
+    scheduler's: at every change (the scheduler moves it rarely). A driver starts it with ``None``,
+    so the first chunk asked for is applied, and the scheduler told (``prefill_chunk_applied``),
+    even one equal to the engine's own."""
 
     def __init__(self, applied: int | None) -> None:
         self.applied = applied  # the value in force; None: unknown

@@ -67,6 +67,14 @@ class WorkerCollector(Collector):
         budget = worker.token_budget
         if budget is not None:
             yield gauge("tailcut_worker_token_budget_tokens", "The engine's per-step token budget in force.", budget)
+        chunk = worker.prefill_chunk
+        if chunk is not None:
+            yield gauge(
+                "tailcut_worker_prefill_chunk_tokens",
+                "The engine's prefill chunk in force (most prompt tokens one request computes per step), as "
+                "the scheduler set it from the realtime prompts seen.",
+                chunk,
+            )
         yield gauge(
             "tailcut_worker_warmup_stage",
             "Cold-start stage: 1 (10% of the capacity open), 2 (growing in 20% steps), 3 (all open).",

@@ -152,7 +152,9 @@ class TailcutPolicy(RunningTable):
         self._lower_rate = PrefillRate(window_ms=TRAFFIC_WINDOW_MS)
         self._realtime_in_flight = TimeAverage(window_ms=TRAFFIC_WINDOW_MS)
         # The engine's prefill chunk in force: the configured one until the driver applied another.
+        # The adaptive sizes act only once it did: they count on the engine chunking as asked.
         self._engine_chunk = config.prefill_chunk_tokens
+        self._engine_follows = False
         # The round's view says whether background may enter (no, in the breaker's degrade mode).
         self._admit_background = True
 
@@ -210,8 +212,17 @@ class TailcutPolicy(RunningTable):
         self._cached_share[request.tier] += CACHED_SHARE_WEIGHT * (share - self._cached_share[request.tier])
 
     def prefill_chunk_applied(self, num_tokens: int) -> None:
-        """The driver set the engine's prefill chunk (``Decision.prefill_chunk_tokens``): count with it."""
+        """The driver set the engine's prefill chunk (``Decision.prefill_chunk_tokens``): count with it,
+        and adapt from now on."""
         self._engine_chunk = num_tokens
+        self._engine_follows = True
+
+    @property
+    def adapting(self) -> bool:
+        """Whether the adaptive sizes act: ``config.adaptive``, and the driver applies the chunk the
+        scheduler asks for (until then the policy is the configured one, which a driver that cannot
+        change the engine's chunk keeps)."""
+        return self.config.adaptive and self._engine_follows
 
     def prefilled(self, request_id: str) -> None:
         """The engine produced the request's first token: its prompt no longer takes budget."""
@@ -271,7 +282,7 @@ class TailcutPolicy(RunningTable):
             spent.chunks[pick.tier] += self._chunk(pick.prompt_tokens, room)
         # A realtime prompt that fits the ceiling but not the budget grows this step's budget, so it
         # is prefilled now and whole rather than split or held.
-        budget = min(room.ceiling, max(room.budget, spent.total))
+        budget = min(room.ceiling, max(room.budget, spent.total)) if self.adapting else room.budget
         decision = Decision(admit=admitted, token_budget=budget, prefill_chunk_tokens=self.prefill_chunk_tokens or None)
         decision.preempt = self._preemptions(slots, kv)
         for victim in decision.preempt:
@@ -314,7 +325,7 @@ class TailcutPolicy(RunningTable):
         prompt of the ``prompt_quantile``, at most one chunk in force. 0 (no reserve) stays 0."""
         configured = self.config.realtime_reserve_tokens
         seen = self._prompts["realtime"].size()
-        if not configured or seen is None:
+        if not configured or seen is None or not self.adapting:
             return configured
         return max(configured, min(seen, self._engine_chunk or seen))
 
@@ -322,7 +333,7 @@ class TailcutPolicy(RunningTable):
         """Room background leaves free for the normal tier: one chunk of a normal prompt of the
         ``prompt_quantile``, while normal requests keep arriving (0 before any was seen)."""
         seen = self._prompts["normal"].size()
-        if seen is None or self._arrivals_since_normal >= NORMAL_ROOM_MEMORY:
+        if seen is None or self._arrivals_since_normal >= NORMAL_ROOM_MEMORY or not self.adapting:
             return 0
         return min(seen, self._engine_chunk) if self._engine_chunk else seen
 
@@ -339,18 +350,18 @@ class TailcutPolicy(RunningTable):
         normal_room = self.normal_room_tokens()
         decodes = len(self._running)
         reserve = self.realtime_reserve_tokens
-        lower_prefill = max(
-            self.current_budget(view, now_ms) - decodes - config.realtime_reserve_tokens, normal_room + chunk
-        )
+        lower_prefill = self.current_budget(view, now_ms) - decodes - config.realtime_reserve_tokens
         lower_rate = self._lower_rate.update(now_ms)
-        if config.adaptive:
+        if self.adapting:
+            lower_prefill = max(lower_prefill, normal_room + chunk)
             backlog = sum(request.prompt_tokens for request in itertools.chain(self._normal(), self._background))
             demand = view.step_ms * (lower_rate + backlog / BACKLOG_DRAIN_MS) * (1 + DEMAND_MARGIN) + chunk
             lower_prefill = max(lower_prefill, min(int(demand), config.budget.max_tokens - decodes - reserve))
         num_realtime = sum(1 for request in self._running.values() if request.tier == "realtime")
         usual = self._realtime_in_flight.update(now_ms, num_realtime)
         held = (
-            num_realtime > usual * (1 + config.background_gate_margin)
+            self.adapting
+            and num_realtime > usual * (1 + config.background_gate_margin)
             and len(self._background) < config.background_gate_max_waiting
         )
         return Room(
@@ -410,9 +421,11 @@ class TailcutPolicy(RunningTable):
         lets in, which the background gate does not hold (every tier's wait stays bounded)."""
         if request.reserved_kv_tokens(self.config) > kv:
             return False
-        if first or request.tier == "realtime":
+        if first or (request.tier == "realtime" and self.adapting):
             return True
         chunk = self._chunk(request.prompt_tokens, room)
+        if request.tier == "realtime":
+            return spent.total + chunk <= room.budget
         if request.tier == "normal":
             return spent.total + chunk <= room.lower_limit
         if room.background_held and not overdue:

@@ -31,7 +31,7 @@ from tailcut.errors import EngineDeadError, InvalidRequestError
 from tailcut.logs import log_event
 from warmup.prefixes import PrefixWarmer
 from workers.breakers import Breakers
-from workers.capacity import BudgetFollower, StepTimer, engine_view
+from workers.capacity import BudgetFollower, ChunkFollower, StepTimer, engine_view
 from workers.engines.base import Engine
 from workers.lifecycle import EngineCall, Finished, RequestLifecycle, Yield, error_event, resumed
 from workers.policies import make_scheduler
@@ -108,6 +108,10 @@ class Worker:
         }
         self._step = StepTimer()
         self._budget = BudgetFollower(None)
+        # The engine's prefill chunk follows the scheduler's while the engine lets it (the scheduler
+        # adapts its sizes only once it does: ``TailcutPolicy.prefill_chunk_applied``).
+        self._chunk = ChunkFollower(None)
+        self._chunk_control = True
         # The staged cold start (``warmup.ramp``), counted from when the worker starts serving.
         self._ramp = settings.warmup.ramp()
         self._serving_since: float | None = None
@@ -141,6 +145,11 @@ class Worker:
     def token_budget(self) -> int | None:
         """The engine's per-step token budget in force (None: not steered, or not known yet)."""
         return self._budget.applied
+
+    @property
+    def prefill_chunk(self) -> int | None:
+        """The engine's prefill chunk set by this worker (None: not set, or the engine cannot)."""
+        return self._chunk.applied if self._chunk_control else None
 
     @property
     def step_ms(self) -> float:
@@ -200,6 +209,7 @@ class Worker:
             "running": sum(running for running, _ in by_tier.values()),
             "waiting": sum(waiting for _, waiting in by_tier.values()),
             "token_budget": self.token_budget or 0,
+            "prefill_chunk": self.prefill_chunk or 0,
             "step_ms": round(self.step_ms, 2),
             "kv_capacity_tokens": self.kv_capacity_tokens,
             "beat_ms": int(time.time() * 1000),
@@ -399,6 +409,14 @@ class Worker:
         budget = self._budget.update(token_budget)
         if budget is not None:
             await self._engine.set_token_budget(budget)
+        chunk = self._chunk.update(decision.prefill_chunk_tokens) if self._chunk_control else None
+        if chunk is not None:
+            applied = await self._engine.set_prefill_chunk(chunk)
+            if applied is None:  # the engine keeps its chunk, and the scheduler its configured sizes
+                self._chunk_control = False
+            else:
+                self.scheduler.prefill_chunk_applied(applied)
+                log_event(log, "engine_prefill_chunk", tokens=applied)
 
     # --- one request --------------------------------------------------------------------------
 
@@ -549,6 +567,9 @@ class Worker:
                     # mid-call (redis-py does): stop here all the same.
                     raise asyncio.CancelledError
                 prefilling = not life.call_tokens
+                if prefilling and life.num_calls == 1 and not life.summarising:
+                    # What vLLM's prefix cache served of the client's prompt (a chat's earlier turns).
+                    self.scheduler.prompt_cached(life.id, delta.num_cached_tokens)
                 event = life.on_output(delta.token_ids, delta.text)
                 if event is not None:
                     emit(event)

@@ -202,3 +202,29 @@ async def test_two_workers_with_different_home_buckets_steal_only_when_their_hom
             assert all(read_at[other] < read_at[request_id] for other in home_entries)
     # The long-bucket worker ran out of home work while short requests still waited: it stole.
     assert len(workers[1].stolen_ids) >= 1
+
+
+async def test_the_worker_sets_the_engines_prefill_chunk_to_fit_the_realtime_prompts_it_sees(
+    redis_url: str, tiny_model: Path, engine: VllmEngine
+) -> None:
+    """After eight realtime prompts of 700 tokens the worker's scheduler asks for a prefill chunk that
+    holds one whole (not the configured 256, nor the 512 it starts from) and the worker sets it in vLLM's engine core, where
+    vLLM's scheduler reads it at every step."""
+    body = {"model": "tiny", "max_tokens": 1, "tier": "realtime"}
+    try:
+        async with running_stack(redis_url, tiny_model, engine) as stack:
+            (worker,) = stack.workers
+            async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
+                await client.post("/v1/completions", json={**body, "prompt": [5] * 20})
+                # No realtime prompt seen: half the budget floor (1024), so lower tiers prefill two at a time.
+                assert worker.prefill_chunk == 512 == await engine.prefill_chunk()
+                for index in range(8):
+                    answer = await client.post("/v1/completions", json={**body, "prompt": [index + 7] * 700})
+                    assert answer.status_code == 200, answer.text
+                await client.post("/v1/completions", json={**body, "prompt": [5] * 20})  # a round after them
+            chunk = worker.prefill_chunk
+            assert chunk == worker.scheduler.prefill_chunk_tokens
+            in_engine = await engine.prefill_chunk()
+    finally:
+        await engine.set_prefill_chunk(256)  # the session's engine, as the other tests found it
+    assert chunk is not None and 700 <= chunk <= 1024 and in_engine == chunk, (chunk, in_engine)

@@ -681,6 +681,7 @@ class _IdleWorker:
 
     worker_id = "w"
     token_budget = 1024
+    prefill_chunk = 512
     step_ms = 0.0
     kv_capacity_tokens = 0
     warmup_stage = 3

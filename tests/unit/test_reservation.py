@@ -269,7 +269,7 @@ def test_the_simulator_records_every_ended_call_and_none_over_admits_when_kv_bin
     # Counting the prompt alone lets in more than the cache holds: the engine preempts (recomputes).
     # (Not never under max: a request that goes on into its next slice is not checked again.)
     engine_preempted = {mode: run.num_engine_preempted for mode, run in runs.items()}
-    assert engine_preempted["none"] > 10 * max(engine_preempted["max"], engine_preempted["predicted"]), engine_preempted
+    assert engine_preempted["none"] > 5 * max(engine_preempted["max"], engine_preempted["predicted"]), engine_preempted
     assert runs["none"].kv.max_running > runs["max"].kv.max_running
 
 

@@ -194,6 +194,7 @@ def test_the_lower_tiers_room_follows_their_arrivals_and_backlog_never_into_the_
 
 def test_background_leaves_the_normal_room_free_while_normal_requests_arrive() -> None:
     scheduler = TailcutPolicy(SchedulerConfig(prompt_window=64))
+    scheduler.prefill_chunk_applied(512)  # the driver applies the chunk it asks for
     seen(scheduler, "normal", [500] * 64)
     backgrounds = [make("background", prompt=4000, arrival_ms=i) for i in range(8)]
     for request in backgrounds:
@@ -209,6 +210,7 @@ def test_background_leaves_the_normal_room_free_while_normal_requests_arrive() -
 def test_background_prefill_waits_while_realtime_is_busier_than_usual() -> None:
     def background_admitted(num_realtime_now: int, *, waiting: int = 10) -> int:
         scheduler = TailcutPolicy(SchedulerConfig(background_gate_margin=0.1, background_gate_max_waiting=32))
+        scheduler.prefill_chunk_applied(512)
         chats = [make("realtime", prompt=100, output=500) for _ in range(20)]
         for chat in chats:  # 20 chats in flight for 10 s: what is usual
             scheduler.add(chat)
@@ -229,3 +231,20 @@ def test_background_prefill_waits_while_realtime_is_busier_than_usual() -> None:
     assert background_admitted(20) > 0  # as busy as usual
     assert background_admitted(22) == 0  # 10% more than usual: background waits
     assert background_admitted(22, waiting=32) > 0  # ... unless its queue reached the bound
+
+
+def test_until_the_driver_applies_the_chunk_the_configured_policy_holds() -> None:
+    def admitted(follows: bool) -> list[Tier]:
+        scheduler = TailcutPolicy(SchedulerConfig(prompt_window=64))
+        seen(scheduler, "realtime", [500] * 64)
+        seen(scheduler, "normal", [500] * 64)
+        if follows:
+            scheduler.prefill_chunk_applied(scheduler.prefill_chunk_tokens)
+        for index in range(8):
+            scheduler.add(make("background", prompt=4000, arrival_ms=index))
+        return [request.tier for request in scheduler.schedule(roomy(), now_ms=100).admit]
+
+    # The configured sizes (256-token chunks, a 256 reserve, no normal room): three background chunks
+    # fill the 768 the budget floor leaves; chunks of 512 with a normal chunk's room kept: one.
+    assert admitted(follows=False) == ["background"] * 3
+    assert admitted(follows=True) == ["background"]

@@ -76,6 +76,17 @@ def test_tailcut_slices_and_requeues_through_the_scheduler() -> None:
     assert all(r.output_tokens == r.arrival.output_tokens for r in result.records)
 
 
+def test_the_simulated_engine_runs_with_the_prefill_chunk_the_tailcut_policy_asks_for() -> None:
+    # As the worker does: the chunk the policy asks for is applied to the engine, and only then does
+    # the policy adapt. seed-mix's realtime prompts are short: the chunk is half the budget floor.
+    adaptive = run("tailcut", 60.0)
+    assert adaptive.prefill_chunk_tokens == SchedulerConfig().budget.min_tokens // 2
+    fixed = run("tailcut", 60.0, scheduler=SchedulerConfig(adaptive=False))
+    assert fixed.prefill_chunk_tokens == SchedulerConfig().prefill_chunk_tokens
+    assert fingerprint(fixed) != fingerprint(adaptive)
+    assert run("fifo", 60.0).prefill_chunk_tokens is None  # a plain engine server keeps its own
+
+
 def test_overload_sheds_background_first_and_keeps_queues_bounded() -> None:
     capacity = 101.0  # about fifo's saturation rate on seed-mix with the H100 profile
     shed = run("tailcut", 1.2 * capacity, duration_s=30.0, shed=ShedLimits())

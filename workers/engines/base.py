@@ -38,6 +38,11 @@ class Engine(Protocol):
         """Apply a per-step token budget; returns the value in force, ``None`` if unsupported."""
         ...
 
+    async def set_prefill_chunk(self, num_tokens: int) -> int | None:
+        """Apply the most prompt tokens one request computes per step (0: no cap); returns the value
+        in force, ``None`` if unsupported."""
+        ...
+
     def generate(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
     ) -> AsyncGenerator[EngineDelta, None]:

@@ -56,6 +56,10 @@ class NullEngine:
         self._token_budget = num_tokens
         return num_tokens
 
+    async def set_prefill_chunk(self, num_tokens: int) -> int | None:
+        """A prompt costs nothing here: there is no chunk to set."""
+        return None
+
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
     ) -> AsyncGenerator[EngineDelta, None]:

@@ -120,6 +120,9 @@ class RealtimeSimEngine:
     async def set_token_budget(self, num_tokens: int) -> int | None:
         return self._sim.set_token_budget(num_tokens)
 
+    async def set_prefill_chunk(self, num_tokens: int) -> int | None:
+        return self._sim.set_prefill_chunk(num_tokens)
+
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
     ) -> AsyncGenerator[EngineDelta, None]:

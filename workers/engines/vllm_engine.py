@@ -73,6 +73,7 @@ class VllmEngine:
         self._kv_capacity_tokens = kv_capacity_tokens
         # None until probed; False after a failed probe (admission-level budgeting only).
         self._budget_control: bool | None = None
+        self._chunk_control: bool | None = None
 
     @classmethod
     def start(cls, model_dir: Path, settings: EngineSettings, *, max_model_len: int | None) -> VllmEngine:
@@ -125,6 +126,32 @@ class VllmEngine:
             return None
         self._budget_control = True
         return applied
+
+    async def set_prefill_chunk(self, num_tokens: int) -> int | None:
+        """Apply the scheduler's prefill chunk to vLLM's ``long_prefill_token_threshold``; ``None``
+        when this vLLM does not let us (then the engine keeps the chunk it started with)."""
+        from workers.engines.vllm_plugin import SET_PREFILL_CHUNK
+
+        if self._chunk_control is False:
+            return None
+        try:
+            applied = int(await self._llm.engine_core.call_utility_async(SET_PREFILL_CHUNK, num_tokens))
+        except Exception as exc:  # any failure means "not supported here"; the worker goes on without
+            self._chunk_control = False
+            log.warning(
+                "engine_prefill_chunk_unsupported error=%s: the engine keeps its prefill chunk and the "
+                "scheduler its configured sizes (is the tailcut vLLM plugin installed?)",
+                exc,
+            )
+            return None
+        self._chunk_control = True
+        return applied
+
+    async def prefill_chunk(self) -> int:
+        """The prefill chunk in force in the engine core (for tests and diagnostics)."""
+        from workers.engines.vllm_plugin import PREFILL_CHUNK
+
+        return int(await self._llm.engine_core.call_utility_async(PREFILL_CHUNK))
 
     async def step_tokens(self) -> list[int]:
         """Tokens scheduled in each recent engine step (after the first ``set_token_budget``)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 SET_BUDGET = "tailcut_set_token_budget"
 SET_PREFILL_CHUNK = "tailcut_set_prefill_chunk"
+PREFILL_CHUNK = "tailcut_prefill_chunk"
 STEP_TOKENS = "tailcut_step_tokens"
 # How many recent engine steps keep their scheduled-token count (for tests and diagnostics).
 STEPS_KEPT = 256
@@ -41,6 +42,11 @@ def _set_prefill_chunk(core: Any, num_tokens: int) -> int:
     chunk = max(0, int(num_tokens))
     core.scheduler.scheduler_config.long_prefill_token_threshold = chunk
     return chunk
+
+
+def _prefill_chunk(core: Any) -> int:
+    """The ``long_prefill_token_threshold`` vLLM's scheduler reads at its next step."""
+    return int(core.scheduler.scheduler_config.long_prefill_token_threshold)
 
 
 def _record_steps(core: Any) -> None:
@@ -86,4 +92,5 @@ def register() -> None:
 
     setattr(EngineCore, SET_BUDGET, _set_token_budget)
     setattr(EngineCore, SET_PREFILL_CHUNK, _set_prefill_chunk)
+    setattr(EngineCore, PREFILL_CHUNK, _prefill_chunk)
     setattr(EngineCore, STEP_TOKENS, _step_tokens)
