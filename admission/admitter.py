@@ -15,7 +15,6 @@ from typing import get_args
 from admission.config import AdmissionConfig
 from admission.predictor import OutputLengthPredictor
 from admission.request import (
-    DEFAULT_TENANT,
     ChatPrompt,
     GenerationRequest,
     Prompt,
@@ -26,7 +25,7 @@ from admission.request import (
 from admission.shedding import QueueDepth
 from admission.tokenizer import PromptTokenizer
 from queues.keys import Tier
-from queues.messages import RequestMessage, SamplingSpec
+from queues.messages import DEFAULT_TENANT, RequestMessage, SamplingSpec
 from tailcut.errors import InvalidRequestError, ModelNotFoundError, OverloadedError
 
 TIER_NAMES: tuple[str, ...] = get_args(Tier)

@@ -10,7 +10,6 @@ from tailcut.models import max_model_len, served_name
 from tailcut.settings import CommonSettings
 
 # The tenant of a request that names none.
-DEFAULT_TENANT = "default"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from arq.jobs import JobStatus as ArqStatus
 from fastapi import APIRouter, Depends, Request
 from redis.exceptions import RedisError
 
-from admission.request import DEFAULT_TENANT, ChatPrompt
+from admission.request import ChatPrompt
 from api.auth import api_key_of, check_auth, get_state
 from api.openai_routes import TENANT_HEADER
 from api.responses import OrjsonResponse
@@ -37,6 +37,7 @@ from queues.jobs import (
     JobStore,
     loads_job,
 )
+from queues.messages import DEFAULT_TENANT
 from tailcut.errors import (
     InvalidRequestError,
     JobFailedError,

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
-from admission.request import DEFAULT_TENANT, ChatPrompt, GenerationRequest, Prompt, TextPrompt, TokenPrompt
+from admission.request import ChatPrompt, GenerationRequest, Prompt, TextPrompt, TokenPrompt
 from api import limits
 from api.answers import AnswerCache, Recorder, cached_batches, is_tiny
 from api.auth import api_key_of, check_auth, get_state, tier_for
@@ -27,7 +27,7 @@ from api.shutdown import resume_hint
 from api.state import ApiState
 from api.streaming import ClientGone, collect, event_stream, leave, reply_batches, until_disconnect, wants_event_ids
 from queues import requests
-from queues.messages import OutputEvent, RequestMessage, SamplingOptions
+from queues.messages import DEFAULT_TENANT, OutputEvent, RequestMessage, SamplingOptions
 from queues.replies import ReplyStream
 from queues.requests import RequestRecord, Route
 from tailcut.errors import InvalidRequestError, OverloadedError, ServiceUnavailableError, TailcutError

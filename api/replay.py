@@ -13,7 +13,6 @@ from fastapi import APIRouter, Depends, Request
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
-from admission.request import DEFAULT_TENANT
 from api.auth import api_key_of, check_auth, get_state
 from api.errors import error_response
 from api.render import renderer_for
@@ -22,6 +21,7 @@ from api.shutdown import resume_hint
 from api.state import ApiState
 from api.streaming import ClientGone, collect, event_stream, until_disconnect
 from queues import output, requests
+from queues.messages import DEFAULT_TENANT
 from queues.requests import RequestRecord
 from tailcut.errors import InvalidRequestError, RequestNotFoundError, ServiceUnavailableError, TailcutError
 

@@ -31,12 +31,12 @@ import numpy as np
 import orjson
 from rich.console import Console
 
-from admission.request import DEFAULT_TENANT
 from bench import client, datasets, loadgen, plots, serve_result, stats
 from bench.client import CHAT_COMPLETIONS, COMPLETIONS, RequestOptions, TextArrival
 from bench.records import record_row, write_records
 from bench.workloads import Arrival, Slo, WorkloadError, load_workload, poisson_trace
 from queues.keys import Tier
+from queues.messages import DEFAULT_TENANT
 from tailcut.errors import FatalError
 
 DEFAULT_WORKLOAD = "seed-mix"

@@ -49,6 +49,10 @@ class SamplingSpec(SamplingOptions):
         return cls(**values, max_tokens=max_tokens)
 
 
+# The tenant of a request that names none (auth off, no ``user`` or ``X-Tailcut-Tenant``).
+DEFAULT_TENANT = "default"
+
+
 @dataclass(slots=True)
 class RequestMessage:
     """One request as the API enqueued it; a continuation carries the tokens generated so far."""

@@ -24,6 +24,9 @@ many.
 never held back for warmup), and the warmer submits a few prompts at a time (``concurrency``) at the
 engine's lowest priority, only while the worker has no request of its own running or waiting. When one
 arrives, the prompts in flight are aborted and put back, and warmup goes on at the next idle moment.
+
+The prompts fill one tenant's prefix cache (``cache_salt``): vLLM salts each named tenant's apart unless
+the operator lets tenants share it, so the warmer runs under the salt of the tenant it warms for.
 """
 
 from __future__ import annotations
@@ -152,7 +155,13 @@ def plan(
 
 class WarmEngine(Protocol):
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        *,
+        priority: int,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[Any]: ...
 
 
@@ -166,13 +175,16 @@ class PrefixWarmer:
         *,
         busy: Callable[[], bool],
         concurrency: int = 4,
+        cache_salt: str | None = None,
     ) -> None:
+        """``cache_salt``: the salt of the tenant whose requests should find the prompts cached."""
         if concurrency < 1:
             raise ValueError("the warmer runs at least one prompt at a time")
         self._engine = engine
         self._prompts = list(prompts)
         self._busy = busy
         self._concurrency = concurrency
+        self._cache_salt = cache_salt
         self.total = len(self._prompts)
         self.done = 0
         self.failed = 0
@@ -236,7 +248,9 @@ class PrefixWarmer:
     async def _one(self, index: int, prompt_ids: list[int]) -> None:
         request_id = f"warmup-{index}-{time.monotonic_ns()}"
         one_token = SamplingSpec(temperature=0.0, max_tokens=1)
-        deltas = self._engine.generate(request_id, prompt_ids, one_token, priority=WARMUP_PRIORITY)
+        deltas = self._engine.generate(
+            request_id, prompt_ids, one_token, priority=WARMUP_PRIORITY, cache_salt=self._cache_salt
+        )
         try:
             async with contextlib.aclosing(deltas):  # type: ignore[type-var]
                 async for _delta in deltas:

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from queues.keys import BUCKETS, Bucket
+from queues.messages import DEFAULT_TENANT
 from tailcut.settings import CommonSettings
 from warmup.ramp import RampSchedule
 from workers.breakers import BreakerConfig
@@ -308,6 +309,14 @@ class BreakerSettings(BaseModel):
 _RAMP = RampSchedule()
 
 
+def cache_salt(tenant: str, *, shared: bool) -> str | None:
+    """Requests with different salts never share a prefix-cache block. The default tenant's requests
+    (no tenant named: auth off, no ``user``) share one unsalted cache, as before tenants existed."""
+    if shared or not tenant or tenant == DEFAULT_TENANT:
+        return None
+    return f"tenant:{tenant}"
+
+
 class WarmupSettings(BaseModel):
     """The staged cold start (``warmup.ramp``) and prefix warmup (``warmup.prefixes``) of a worker
     (``TAILCUT_WARMUP__NAME``)."""
@@ -337,6 +346,12 @@ class WarmupSettings(BaseModel):
     )
     prefix_concurrency: int = Field(
         4, ge=1, description="Prefix warmup: prompts in the engine at once (only while no request waits or runs)."
+    )
+    prefix_tenant: str = Field(
+        "",
+        description="Prefix warmup: the tenant whose prefix cache the Q&A prompts fill (each tenant's is salted "
+        "apart unless `TAILCUT_PREFIX_CACHE_SHARED`); empty: the default tenant's, the one requests naming no "
+        "tenant use.",
     )
 
     def ramp(self) -> RampSchedule:
@@ -391,6 +406,16 @@ class WorkerSettings(CommonSettings):
     degrade: DegradeSettings = Field(default_factory=lambda: DegradeSettings())
     breakers: BreakerSettings = Field(default_factory=lambda: BreakerSettings())
     warmup: WarmupSettings = Field(default_factory=lambda: WarmupSettings())
+    prefix_cache_shared: bool = Field(
+        False,
+        description="Let tenants share vLLM's prefix cache. Off: each named tenant's prompts are salted "
+        "(vLLM's `cache_salt`), so one tenant's timing cannot reveal whether another sent a prompt.",
+    )
+
+    def cache_salt(self, tenant: str) -> str | None:
+        """vLLM's ``cache_salt`` for a request of ``tenant``: none (the shared cache) when sharing is on
+        or the request names no tenant, else one per tenant."""
+        return cache_salt(tenant, shared=self.prefix_cache_shared)
 
     @model_validator(mode="after")
     def _check_reclaim(self) -> WorkerSettings:

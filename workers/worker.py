@@ -116,7 +116,13 @@ class Worker:
         self._ramp = settings.warmup.ramp()
         self._serving_since: float | None = None
         self.prefix_warmer = (
-            PrefixWarmer(engine, prefixes, busy=self._busy, concurrency=settings.warmup.prefix_concurrency)
+            PrefixWarmer(
+                engine,
+                prefixes,
+                busy=self._busy,
+                concurrency=settings.warmup.prefix_concurrency,
+                cache_salt=settings.cache_salt(settings.warmup.prefix_tenant),
+            )
             if prefixes
             else None
         )
@@ -557,7 +563,11 @@ class Worker:
         self.num_engine_calls += 1
         last_delta = time.monotonic()
         deltas = self._engine.generate(
-            call.engine_request_id, call.prompt_token_ids, call.sampling, priority=call.priority
+            call.engine_request_id,
+            call.prompt_token_ids,
+            call.sampling,
+            priority=call.priority,
+            cache_salt=self._settings.cache_salt(entry.message.tenant),
         )
         # Closed however the loop ends, so the engine aborts an abandoned request at once.
         async with contextlib.aclosing(deltas):

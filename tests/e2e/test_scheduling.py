@@ -44,10 +44,16 @@ class PreemptAt:
         return getattr(self._engine, name)
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        *,
+        priority: int,
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[EngineDelta, None]:
         async with contextlib.aclosing(
-            self._engine.generate(request_id, prompt_token_ids, sampling, priority=priority)
+            self._engine.generate(request_id, prompt_token_ids, sampling, priority=priority, cache_salt=cache_salt)
         ) as deltas:
             async for delta in deltas:
                 yield delta  # resumes once the worker has taken the delta in

@@ -123,7 +123,13 @@ class RecordingEngine:
         self.max_tokens: set[int] = set()
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        *,
+        priority: int,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[Any]:
         self.started.append((asyncio.get_running_loop().time(), prompt_token_ids))
         self.priorities.add(priority)

@@ -44,9 +44,16 @@ class Engine(Protocol):
         ...
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        *,
+        priority: int,
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[EngineDelta, None]:
-        """Stream deltas until the request finishes; cancelling the iteration aborts the request."""
+        """Stream deltas until the request finishes; cancelling the iteration aborts the request.
+        ``cache_salt``: prompts with different salts never share prefix-cache blocks (vLLM's)."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -61,7 +61,13 @@ class NullEngine:
         return None
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        *,
+        priority: int,
+        cache_salt: str | None = None,  # no effect here: this engine's prefix cache is not salted
     ) -> AsyncGenerator[EngineDelta, None]:
         check_request(prompt_token_ids, sampling, self._max_model_len)
         collector = self._loop.open(request_id)

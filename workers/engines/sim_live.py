@@ -124,7 +124,13 @@ class RealtimeSimEngine:
         return self._sim.set_prefill_chunk(num_tokens)
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        *,
+        priority: int,
+        cache_salt: str | None = None,  # no effect here: this engine's prefix cache is not salted
     ) -> AsyncGenerator[EngineDelta, None]:
         check_request(prompt_token_ids, sampling, self._max_model_len)
         if request_id in self._cached_tokens:

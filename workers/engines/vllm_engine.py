@@ -160,7 +160,13 @@ class VllmEngine:
         return list(await self._llm.engine_core.call_utility_async(STEP_TOKENS))
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, priority: int
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        *,
+        priority: int,
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[EngineDelta, None]:
         from vllm.exceptions import VLLMValidationError
         from vllm.inputs.engine import tokens_input
@@ -168,7 +174,8 @@ class VllmEngine:
 
         params = _sampling_params(sampling)
         try:
-            async for out in self._llm.generate(tokens_input(prompt_token_ids), params, request_id, priority=priority):
+            prompt = tokens_input(prompt_token_ids, cache_salt=cache_salt)
+            async for out in self._llm.generate(prompt, params, request_id, priority=priority):
                 completion = out.outputs[0]
                 yield EngineDelta(
                     token_ids=list(completion.token_ids),
