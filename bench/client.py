@@ -23,7 +23,7 @@ import orjson
 
 from admission.config import BucketEdges
 from bench.stats import RequestRecord, Status, tpot_ms
-from bench.workloads import Arrival
+from bench.workloads import Arrival, session_token_ids
 from queues.keys import Bucket
 from tailcut.errors import FatalError
 
@@ -92,6 +92,13 @@ def request_body(
         prompt = arrival.text
     elif arrival.prompt_ids is not None:
         prompt = list(arrival.prompt_ids)
+    elif arrival.session is not None:
+        # A session's turns share their leading ids: turn k's prompt starts with turn k-1's, so the
+        # engine's prefix cache can serve that part (the reply it holds is the model's own, not the
+        # trace's, so only the previous prompt is a hit).
+        prompt = session_token_ids(
+            arrival.session, arrival.prompt_tokens, low=PROMPT_ID_LOW, high=PROMPT_ID_HIGH, salt=salt
+        )
     else:
         prompt = prompt_token_ids(
             arrival.index if arrival.prompt_of is None else arrival.prompt_of, arrival.prompt_tokens, salt=salt

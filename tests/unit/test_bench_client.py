@@ -116,6 +116,17 @@ def test_client_bucket_and_prompt_ids() -> None:
     assert ids[:16] != prompt_token_ids(4, 500)[:16] and ids[:16] != prompt_token_ids(3, 500, salt=1)[:16]
 
 
+def test_a_sessions_later_turn_sends_the_earlier_turns_prompt_as_its_prefix() -> None:
+    def turn(index: int, session: int, turn: int, prompt: int) -> Arrival:
+        return Arrival(index, 0.0, "realtime", "default", prompt, 8, session=session, turn=turn)
+
+    first, second = (request_body("m", turn(i, 7, i, length))["prompt"] for i, length in ((0, 120), (1, 300)))
+    other = request_body("m", turn(2, 8, 0, 120))["prompt"]
+    assert len(first) == 120 and len(second) == 300 and second[:120] == first
+    assert other[:16] != first[:16]  # another session shares nothing
+    assert request_body("m", turn(0, 7, 0, 120), salt=1)["prompt"][:16] != first[:16]
+
+
 # --- the real client against a local SSE server ---
 
 
