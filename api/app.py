@@ -14,12 +14,13 @@ from admission.admitter import Admitter
 from admission.request import ServedModel
 from admission.shedding import Backlog
 from admission.tokenizer import PromptTokenizer
-from api import debug, errors, health, jobs_routes, openai_routes, openapi, replay, status_routes, tokenization
+from api import admin, debug, errors, health, jobs_routes, openai_routes, openapi, replay, status_routes, tokenization
 from api.answers import AnswerCache, model_identity
 from api.auth import KeyCache
 from api.bodylimit import BodyLimit
 from api.limits import LEASE_S
 from api.metrics import ApiMetrics
+from api.metrics_port import MetricsPortOnly
 from api.seeded import SeededAnswers
 from api.settings import ApiSettings
 from api.shutdown import Drain
@@ -140,6 +141,8 @@ def create_app(
 
     app = FastAPI(title="tailcut", version="0.1.0", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.api_metrics_port:
+        app.add_middleware(MetricsPortOnly, port=settings.api_metrics_port)
     errors.install(app)
     openapi.install(app)
     app.include_router(health.router)
@@ -148,5 +151,6 @@ def create_app(
     app.include_router(jobs_routes.router)
     app.include_router(replay.router)
     app.include_router(debug.router)
+    app.include_router(admin.router)
     app.include_router(status_routes.router)
     return app

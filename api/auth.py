@@ -9,16 +9,19 @@ revoked by ``tailcut keys`` on any machine is seen by every API process within i
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import time
 
 from fastapi import Request
 from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException
 
 from api.state import ApiState
 from queues.apikeys import ApiKey, KeyStore, digest_of
 from queues.keys import Tier
-from tailcut.errors import AuthenticationError, PermissionDeniedError, ServiceUnavailableError
+from tailcut.errors import AuthenticationError, KeyPromptError, PermissionDeniedError, ServiceUnavailableError
 
 KEY_CACHE_S = 1.0
 KEY_CACHE_MAX = 10_000
@@ -95,13 +98,69 @@ def tier_for(key: ApiKey, asked: str | None) -> Tier:
     )
 
 
+def is_admin_key(state: ApiState, token: str) -> bool:
+    """Whether ``token`` is TAILCUT_ADMIN_KEY (compared in constant time)."""
+    admin_key = state.settings.admin_key
+    return bool(admin_key) and hmac.compare_digest(token.encode(), (admin_key or "").encode())
+
+
 def require_admin(request: Request) -> None:
     """Admin routes: an admin API key, or TAILCUT_ADMIN_KEY."""
-    admin_key = get_state(request).settings.admin_key
-    token = bearer(request)
-    if admin_key and hmac.compare_digest(token.encode(), admin_key.encode()):
+    if is_admin_key(get_state(request), bearer(request)):
         return
     key = api_key_of(request)
     if key is not None and key.admin:
         return
     raise PermissionDeniedError("this route needs an admin key")
+
+
+async def require_admin_route(request: Request) -> None:
+    """The admin routes (``api.admin``, ``/debug/stacks``): TAILCUT_ADMIN_KEY, or (TAILCUT_AUTH_REQUIRED) an
+    admin API key. Without either kind of admin they do not exist (404, as any unknown path)."""
+    state = get_state(request)
+    if not state.settings.admin_key and state.key_cache is None:
+        raise HTTPException(status_code=404)
+    if is_admin_key(state, bearer(request)):
+        return
+    if state.key_cache is None:
+        raise AuthenticationError("this route needs the admin key: send `Authorization: Bearer <TAILCUT_ADMIN_KEY>`")
+    await check_auth(request)
+    require_admin(request)
+
+
+def on_metrics_port(request: Request) -> bool:
+    """Whether the request came to TAILCUT_API_METRICS_PORT (where only /metrics is served)."""
+    port = get_state(request).settings.api_metrics_port
+    server = request.scope.get("server")
+    return bool(port) and server is not None and server[1] == port
+
+
+def basic_password(request: Request) -> str:
+    """The password of ``Authorization: Basic`` (what a browser sends once its user typed it), or ""."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return ""
+    try:
+        credentials = base64.b64decode(value.strip(), validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return ""
+    return credentials.partition(":")[2]
+
+
+async def require_operator(request: Request) -> None:
+    """The deployment's own view, ``/metrics`` and the status page: open without TAILCUT_AUTH_REQUIRED; with
+    it, an admin key (an admin API key or TAILCUT_ADMIN_KEY), sent as a bearer token or, from a browser, as
+    the password of HTTP Basic. ``/metrics`` on TAILCUT_API_METRICS_PORT needs none (Prometheus's port)."""
+    state = get_state(request)
+    if state.key_cache is None or (on_metrics_port(request) and request.url.path == "/metrics"):
+        return
+    token = basic_password(request) or bearer(request)
+    if is_admin_key(state, token):
+        return
+    key = await state.key_cache.verify(token) if token else None
+    if key is None:
+        raise KeyPromptError(
+            "this needs an admin key: send `Authorization: Bearer <key>` (a browser asks for it as the password)"
+        )
+    if not key.admin:
+        raise PermissionDeniedError("this needs an admin key (`tailcut keys create --admin`)")

@@ -15,17 +15,21 @@ from starlette.routing import Match
 from api.responses import OrjsonResponse
 from tailcut.errors import (
     AuthenticationError,
+    DeadLetterNotFoundError,
     DeadlineExceededError,
     InvalidRequestError,
     JobFailedError,
     JobNotFoundError,
+    KeyPromptError,
     ModelNotFoundError,
+    NotReplayableError,
     OverloadedError,
     PermissionDeniedError,
     RequestNotFoundError,
     ServiceUnavailableError,
     ShuttingDownError,
     TailcutError,
+    WorkerNotFoundError,
 )
 from tailcut.logs import log_event
 
@@ -39,6 +43,9 @@ HTTP_SHAPES: dict[type[TailcutError], tuple[int, str]] = {
     ModelNotFoundError: (404, "invalid_request_error"),
     JobNotFoundError: (404, "invalid_request_error"),
     RequestNotFoundError: (404, "invalid_request_error"),
+    WorkerNotFoundError: (404, "invalid_request_error"),
+    DeadLetterNotFoundError: (404, "invalid_request_error"),
+    NotReplayableError: (409, "invalid_request_error"),
     OverloadedError: (429, "rate_limit_error"),
     JobFailedError: (500, "job_failed"),
     ServiceUnavailableError: (503, "service_unavailable"),
@@ -60,6 +67,9 @@ def http_headers(exc: TailcutError) -> dict[str, str]:
         return {"Retry-After": str(exc.retry_after_s)}
     if isinstance(exc, ShuttingDownError):
         return {"Retry-After": "1", "Connection": "close"}
+    if isinstance(exc, KeyPromptError):
+        # A browser asks its user, and sends the key as the password from then on.
+        return {"WWW-Authenticate": 'Basic realm="tailcut", charset="UTF-8"'}
     return {}
 
 
@@ -79,6 +89,8 @@ def error_response(exc: TailcutError, headers: dict[str, str] | None = None) -> 
 
 # Parts of a validation error's location that name a union's branch, not a field ("constrained-str", "list[str]").
 TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
+# Where a parameter came from, the first part of its location: the parameter is named without it.
+PARAMETER_PLACES = {"path", "query", "header", "cookie"}
 
 
 def _field_part(part: object) -> bool:
@@ -96,7 +108,10 @@ def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]
     first = next((error for error in errors if not str(error.get("type", "")).endswith("_type")), errors[0])
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', 'parse error')}", None
-    location = [str(part) for part in first.get("loc", ()) if _field_part(part)]
+    parts = list(first.get("loc", ()))
+    if parts and parts[0] in PARAMETER_PLACES:
+        parts = parts[1:]
+    location = [str(part) for part in parts if _field_part(part)]
     param = ".".join(location) or None
     if first.get("type") == "missing":
         if param is None:  # the body itself is missing

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
+from api.auth import require_operator
 from api.responses import OrjsonResponse
 from api.state import ApiState
 from api.status import live_workers
@@ -68,9 +69,10 @@ async def readyz(request: Request) -> OrjsonResponse:
     return OrjsonResponse(body, status_code=200 if not problems else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", dependencies=[Depends(require_operator)])
 async def metrics(request: Request) -> Response:
-    """Prometheus exposition of this API process."""
+    """Prometheus exposition of this API process (with TAILCUT_AUTH_REQUIRED: an admin key, except on
+    TAILCUT_API_METRICS_PORT)."""
     state: ApiState = request.app.state.tailcut
     try:
         for tier, view in (await read_breakers(state.redis, state.keys)).items():

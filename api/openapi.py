@@ -29,20 +29,28 @@ STATUS_TEXT = {
     400: "Bad input: the message says what to fix, `param` which field.",
     401: "Missing, unknown or revoked API key (with keys on).",
     403: "The key may not do this (a tier it may not use, an admin route).",
-    404: "Unknown model, or an id that does not exist for this tenant.",
+    404: "Unknown model, an id that does not exist (for this tenant), or an admin route where no admin exists.",
+    409: "The dead-lettered request cannot be replayed: no client could read its reply any more.",
     413: "The body is larger than TAILCUT_MAX_BODY_BYTES.",
     429: "A queue or the tenant is at its limit; retry after `Retry-After` seconds.",
     503: "Redis does not answer, or this process is stopping; retry.",
     504: "The request's deadline passed before it could start.",
 }
 API = (400, 401, 403, 404, 413, 429, 503)
+# The admin routes (``api.admin``): no admin at all is a 404, as is an unknown worker or entry.
+ADMIN = (401, 403, 404, 503)
 # The statuses each route answers besides its success; a path not listed answers API.
 ROUTE_ERRORS: dict[str, tuple[int, ...]] = {
     "/healthz": (),
     "/readyz": (503,),
-    "/metrics": (),
-    "/status/data": (503,),
+    "/metrics": (401, 403),
+    "/status/data": (401, 403, 503),
     "/debug/stacks": (401, 403, 404),
+    "/admin/workers": ADMIN,
+    "/admin/workers/{worker_id}/drain": (400, *ADMIN),
+    "/admin/dlq": (400, *ADMIN),
+    "/admin/dlq/{entry_id}/replay": (400, *ADMIN, 409),
+    "/admin/breakers/{tier}/reset": (400, *ADMIN),
     "/v1/chat/completions": (*API, 504),
     "/v1/completions": (*API, 504),
     "/v1/requests/{request_id}": (*API, 504),

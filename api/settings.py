@@ -34,6 +34,13 @@ class ApiSettings(AdmissionSettings, ReplySettings):
         description="API processes sharing the port (`tailcut api`); past 1 their metrics are pooled through "
         "prometheus-client's multiprocess mode in TAILCUT_METRICS_DIR.",
     )
+    api_metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="A second port, on TAILCUT_HOST, that serves only `/metrics`, with no key even when "
+        "TAILCUT_AUTH_REQUIRED is on: Prometheus's, on a network only it reaches (0: none).",
+    )
     metrics_dir: Path | None = Field(
         None,
         description="Folder of the pooled metrics of several API processes, emptied at start; default "
@@ -93,8 +100,8 @@ class ApiSettings(AdmissionSettings, ReplySettings):
     )
     auth_required: bool = Field(
         False,
-        description="Every route but the probes and /metrics needs an API key from Redis (`tailcut keys create`); "
-        "the key names the tenant and the tiers it may use.",
+        description="Every route but the probes needs an API key from Redis (`tailcut keys create`); the key names "
+        "the tenant and the tiers it may use. `/metrics`, the status page and the admin routes need an admin key.",
     )
     max_body_bytes: int = Field(
         8 * 1024 * 1024, ge=0, description="Largest request body; a larger one is a 413 before it is parsed (0: none)."
@@ -118,7 +125,8 @@ class ApiSettings(AdmissionSettings, ReplySettings):
     )
     admin_key: str | None = Field(
         None,
-        description="Bearer token of the admin-only routes (`GET /debug/stacks`); unset: those routes do not exist.",
+        description="Bearer token of the admin routes (`/admin/*`, `GET /debug/stacks`), besides admin API keys; "
+        "unset and TAILCUT_AUTH_REQUIRED off: those routes do not exist.",
     )
     resume_grace_s: float = Field(
         10.0,
@@ -143,6 +151,15 @@ class ApiSettings(AdmissionSettings, ReplySettings):
     shed_probe_interval_s: float = Field(
         0.1, gt=0, le=10, description="How often the API reads the intake streams' backlog for shedding."
     )
+
+    @model_validator(mode="after")
+    def _metrics_port_is_its_own(self) -> ApiSettings:
+        if self.api_metrics_port and self.api_metrics_port == self.port:
+            raise ValueError(
+                f"TAILCUT_API_METRICS_PORT ({self.api_metrics_port}) must differ from TAILCUT_PORT: it is a second "
+                "port that serves only /metrics (0: none)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _auth_has_its_secret(self) -> ApiSettings:

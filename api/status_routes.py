@@ -1,4 +1,9 @@
-"""Routes of the live status page (``api.status`` says what it shows and how it is computed)."""
+"""Routes of the live status page (``api.status`` says what it shows and how it is computed).
+
+With TAILCUT_AUTH_REQUIRED both need an admin key (``api.auth.require_operator``): the page shows the
+whole deployment (every queue, worker and breaker), which is an operator's view, not a tenant's. A
+browser asks for the key as a password (HTTP Basic, any user name) and sends it with the page's requests.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +11,17 @@ import time
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from redis.exceptions import RedisError
 from starlette.responses import HTMLResponse
 
-from api.auth import get_state
+from api.auth import get_state, require_operator
 from api.responses import OrjsonResponse
 from api.status import live_workers, tier_figures
 from queues.breakers import read_breakers
 from queues.keys import BUCKETS, TIERS
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(require_operator)])
 
 
 @router.get("/status", include_in_schema=False)

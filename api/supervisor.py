@@ -1,11 +1,12 @@
 """Serving the API from one process or several on one port (``TAILCUT_API_PROCESSES``).
 
 One process runs uvicorn in place. Several are started by a small supervisor: it binds the socket
-once, empties the metrics folder (prometheus-client's multiprocess mode, see ``api.metrics``), starts
-the processes (spawned, so each builds its own app, its own Redis clients and its own reply channel),
-restarts one that dies (stopping instead past ``MAX_RESTARTS_PER_MINUTE``), and on SIGTERM or SIGINT
-passes one SIGTERM on and waits: each process drains as a single one does (``api.shutdown``). The
-processes die with the supervisor, even a SIGKILLed one.
+(and TAILCUT_API_METRICS_PORT's, ``api.metrics_port``) once, empties the metrics folder
+(prometheus-client's multiprocess mode, see ``api.metrics``), starts the processes (spawned, so each
+builds its own app, its own Redis clients and its own reply channel), restarts one that dies
+(stopping instead past ``MAX_RESTARTS_PER_MINUTE``), and on SIGTERM or SIGINT passes one SIGTERM on and
+waits: each process drains as a single one does (``api.shutdown``). The processes die with the
+supervisor, even a SIGKILLed one.
 """
 
 from __future__ import annotations
@@ -39,25 +40,36 @@ def serve(overrides: dict[str, Any]) -> None:
     settings = ApiSettings(**overrides)
     logs.configure(settings.log_format)
     if settings.api_processes == 1:
-        _run_server(settings, sockets=None)
+        # uvicorn binds the port itself, unless there are two: then both sockets are this one server's.
+        _run_server(settings, sockets=listen_all(settings) if settings.api_metrics_port else None)
         return
     folder = settings.metrics_dir or Path(tempfile.gettempdir()) / f"tailcut-api-metrics-{settings.port}"
     wipe_multiprocess_dir(folder)
     # Read by prometheus-client when each spawned process imports it.
     os.environ[MULTIPROC_DIR_ENV] = str(folder)
-    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    Supervisor(settings, overrides, listen_all(settings)).run()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.host, settings.port))
+    sock.bind((host, port))
     sock.listen(2048)
     sock.set_inheritable(True)
-    Supervisor(settings, overrides, sock).run()
+    return sock
+
+
+def listen_all(settings: ApiSettings) -> list[socket.socket]:
+    """The API's port, then TAILCUT_API_METRICS_PORT's when set (on the same host)."""
+    ports = [settings.port] + ([settings.api_metrics_port] if settings.api_metrics_port else [])
+    return [listen(settings.host, port) for port in ports]
 
 
 class Supervisor:
-    def __init__(self, settings: ApiSettings, overrides: dict[str, Any], sock: socket.socket) -> None:
+    def __init__(self, settings: ApiSettings, overrides: dict[str, Any], sockets: list[socket.socket]) -> None:
         self._settings = settings
         self._overrides = overrides
-        self._sock = sock
+        self._sockets = sockets
         self._context = multiprocessing.get_context("spawn")
         self._processes: list[BaseProcess] = []
         self._restarts: list[float] = []
@@ -66,7 +78,7 @@ class Supervisor:
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
-        port = self._sock.getsockname()[1]
+        port = self._sockets[0].getsockname()[1]
         log_event(log, "api_supervisor_started", processes=self._settings.api_processes, port=port)
         self._processes = [self._start() for _ in range(self._settings.api_processes)]
         while not self._stopping:
@@ -84,12 +96,13 @@ class Supervisor:
                 self._processes[index] = self._start()
         for process in self._processes:
             process.join()
-        self._sock.close()
+        for sock in self._sockets:
+            sock.close()
         log_event(log, "api_supervisor_stopped")
 
     def _start(self) -> BaseProcess:
         process = self._context.Process(
-            target=_child, args=(self._overrides, self._sock, os.getpid()), name="tailcut-api", daemon=False
+            target=_child, args=(self._overrides, self._sockets, os.getpid()), name="tailcut-api", daemon=False
         )
         process.start()
         return process
@@ -103,7 +116,7 @@ class Supervisor:
                 os.kill(process.pid, signal.SIGTERM)
 
 
-def _child(overrides: dict[str, Any], sock: socket.socket, parent_pid: int) -> None:
+def _child(overrides: dict[str, Any], sockets: list[socket.socket], parent_pid: int) -> None:
     # A group of its own: a terminal's Ctrl-C reaches the supervisor alone, which passes on one SIGTERM
     # (a second signal would make uvicorn skip the drain).
     os.setpgid(0, 0)
@@ -114,7 +127,7 @@ def _child(overrides: dict[str, Any], sock: socket.socket, parent_pid: int) -> N
         settings = settings.model_copy(update={"api_id": f"{settings.api_id}-{os.getpid()}"})
     logs.configure(settings.log_format)
     forget_dead_processes(Path(os.environ[MULTIPROC_DIR_ENV]))
-    _run_server(settings, sockets=[sock])
+    _run_server(settings, sockets=sockets)
 
 
 def _run_server(settings: ApiSettings, *, sockets: list[socket.socket] | None) -> None:

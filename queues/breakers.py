@@ -43,3 +43,15 @@ async def read_breakers(redis: aioredis.Redis, keys: Keys) -> dict[Tier, Breaker
             fields.get("reason", ""),
         )
     return views
+
+
+async def reset_breaker(redis: aioredis.Redis, keys: Keys, tier: Tier, *, now_ms: int, reason: str) -> BreakerView:
+    """Close ``tier``'s breaker for every worker (each reads it within a second) and forget the latencies
+    its rules judged, so they judge afresh from the next finished request; returns the state before."""
+    view = (await read_breakers(redis, keys))[tier]
+    mapping: dict[str | bytes, str | int] = {"state": "closed", "since_ms": now_ms, "reason": reason, "good": 0}
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hset(keys.breaker(tier), mapping=mapping)
+        pipe.delete(keys.recent_latencies(tier), keys.latency_window(tier))
+        await pipe.execute()
+    return view

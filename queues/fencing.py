@@ -76,12 +76,13 @@ return id
 
 # Moves an entry to the dead-letter stream with its reason. KEYS: fence, stream, dead-letter stream.
 # ARGV: token, group, entry id, reason, message field, message, dlq max length. Returns 1, or 0 when fenced.
+# The token stays (until it expires): an operator may replay the entry (``queues.dlq``), and its next
+# delivery must draw a token above every earlier owner's.
 DEAD_LETTER = """
 if ARGV[1] ~= '0' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'reason', ARGV[4], 'stream', KEYS[2], ARGV[5], ARGV[6])
 redis.call('XACK', KEYS[2], ARGV[2], ARGV[3])
 redis.call('XDEL', KEYS[2], ARGV[3])
-redis.call('DEL', KEYS[1])
 return 1
 """
 

@@ -22,6 +22,9 @@ WORKER_GROUP = "workers"
 WORKER_ALIVE_BEATS = 2
 # A fencing token outlives any delivery of its entry (a request runs for minutes, not days).
 FENCE_TTL_S = 86_400
+# A drain request no worker took within this long (the worker died first) is forgotten, so a worker
+# started later under the same id serves.
+DRAIN_REQUEST_TTL_S = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,11 @@ class Keys:
         # Sorted set of live workers, each scored by the time (epoch seconds) until which its last
         # heartbeat vouches for it (``WORKER_ALIVE_BEATS`` of its own beats): readiness.
         return f"{self.prefix}workers"
+
+    def drain(self, worker_id: str) -> str:
+        # An operator asked this worker to drain (``POST /admin/workers/{id}/drain``): set by the API,
+        # taken by the worker's next heartbeat, which then stops it as SIGTERM would.
+        return f"{self.prefix}drain:{worker_id}"
 
     def api_key(self, key_id: str) -> str:
         # Hash of one API key (``queues.apikeys``): its HMAC (never the key), tenant, tiers, flags.

@@ -37,6 +37,11 @@ class AuthenticationError(RecoverableError):
     code = "invalid_api_key"
 
 
+class KeyPromptError(AuthenticationError):
+    """As ``AuthenticationError``, on a page a browser opens (the status page): the client should ask its
+    user for the key (an HTTP edge asks for it as a password)."""
+
+
 class PermissionDeniedError(RecoverableError):
     """The key is valid but does not allow this (a tier it may not use, an admin route)."""
 
@@ -81,6 +86,25 @@ class RequestNotFoundError(RecoverableError):
     """No request with this id for the caller (never accepted, another tenant's, or expired)."""
 
     code = "request_not_found"
+
+
+class WorkerNotFoundError(RecoverableError):
+    """No live worker with this id (never started here, stopped, or its heartbeat stopped)."""
+
+    code = "worker_not_found"
+
+
+class DeadLetterNotFoundError(RecoverableError):
+    """No dead-letter entry with this id (never there, replayed already, or trimmed)."""
+
+    code = "dead_letter_not_found"
+
+
+class NotReplayableError(RecoverableError):
+    """A dead-lettered request no client could read any more (its record expired, or a batch job's chunk,
+    whose job already counted the error): it stays in the dead-letter stream."""
+
+    code = "not_replayable"
 
 
 class JobNotFoundError(RecoverableError):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from queues import events, intake
+from queues import drain, events, intake
 from queues.intake import IntakeEntry
 from queues.keys import BUCKETS, TIERS, WORKER_ALIVE_BEATS, WORKER_GROUP, Bucket, Keys, Tier
 from queues.messages import OutputEvent, RequestMessage
@@ -811,6 +811,13 @@ class Worker:
                 held = list(self._entries.values())
                 for request_id in await intake.keep_claimed(self._redis, self._keys, self.worker_id, held):
                     self._fenced_out(request_id, next(e.fence for e in held if e.message.id == request_id))
+                if not self._stopping.is_set() and await drain.take_drain_request(
+                    self._redis, self._keys, self.worker_id
+                ):
+                    # An operator asked (POST /admin/workers/{id}/drain): stop as SIGTERM would.
+                    log_event(log, "worker_drain_requested", worker=self.worker_id)
+                    await self._event("worker_draining")
+                    self.stop()
                 if failing:
                     # Redis was away: every worker's beat went stale, none of them died. Judge again
                     # once each had the time to beat.

@@ -88,7 +88,8 @@ async def test_the_key_decides_the_tenant_and_the_tiers(stack: Stack) -> None:
         assert downgraded.status_code == 200, downgraded.text
         record = await requests.load(stack.redis, stack.keys, downgraded.headers["x-tailcut-request-id"])
         assert record is not None and record.tenant == "globex"
-        metrics = (await client.get("/metrics")).text
+        ops, _ = await store.create("ops", admin=True)  # with keys on, /metrics wants an admin key
+        metrics = (await client.get("/metrics", headers=bearer(ops))).text
     assert admitted(metrics) == {"realtime": 1.0, "background": 1.0}
 
 
@@ -205,7 +206,8 @@ async def test_limits_are_enforced_per_tenant_with_retry_after(stack: Stack) -> 
         assert (await client.post("/v1/completions", json=BODY, headers=bearer(small))).status_code == 429
         too_large = await client.post("/v1/completions", json={**BODY, "max_tokens": 40}, headers=bearer(small))
         assert too_large.status_code == 400 and too_large.json()["error"]["param"] == "max_tokens", too_large.text
-        metrics = (await client.get("/metrics")).text
+        ops, _ = await store.create("ops", admin=True)  # with keys on, /metrics wants an admin key
+        metrics = (await client.get("/metrics", headers=bearer(ops))).text
     assert 'tailcut_tenant_limited_total{limit="requests_per_minute"} 1.0' in metrics
     assert 'tailcut_tenant_limited_total{limit="tokens_per_minute"} 1.0' in metrics
 

