@@ -344,7 +344,8 @@ class TailcutPolicy(RunningTable):
         backlog at the current step time, with a margin and a chunk to spare, as far as the ceiling
         holds it beside the decodes and the reserve. The reserve comes on top of it. Background is
         held while more realtime requests are in flight than their recent average allows
-        (``background_gate_margin``), unless ``background_gate_max_waiting`` wait."""
+        (``background_gate_margin``), unless ``background_gate_max_waiting`` wait (here, or still in
+        the intake streams: ``EngineView.backlog``)."""
         config = self.config
         chunk = self._engine_chunk
         normal_room = self.normal_room_tokens()
@@ -354,15 +355,19 @@ class TailcutPolicy(RunningTable):
         lower_rate = self._lower_rate.update(now_ms)
         if self.adapting:
             lower_prefill = max(lower_prefill, normal_room + chunk)
-            backlog = sum(request.prompt_tokens for request in itertools.chain(self._normal(), self._background))
+            backlog = self._queued_tokens(list(self._normal()), view.backlog_of(tiers=("normal",)))
+            backlog += self._queued_tokens(list(self._background), view.backlog_of(tiers=("background",)))
             demand = view.step_ms * (lower_rate + backlog / BACKLOG_DRAIN_MS) * (1 + DEMAND_MARGIN) + chunk
             lower_prefill = max(lower_prefill, min(int(demand), config.budget.max_tokens - decodes - reserve))
         num_realtime = sum(1 for request in self._running.values() if request.tier == "realtime")
         usual = self._realtime_in_flight.update(now_ms, num_realtime)
+        # Background waiting anywhere: here, and in its intake streams (a live worker reads ahead only
+        # ``prefetch`` of them; the simulator holds every one here and reports no backlog).
+        background_waiting = len(self._background) + view.backlog_of(tiers=("background",))
         held = (
             self.adapting
             and num_realtime > usual * (1 + config.background_gate_margin)
-            and len(self._background) < config.background_gate_max_waiting
+            and background_waiting < config.background_gate_max_waiting
         )
         return Room(
             ceiling=config.budget.max_tokens,
@@ -373,6 +378,13 @@ class TailcutPolicy(RunningTable):
             normal_room=normal_room,
             background_held=held,
         )
+
+    @staticmethod
+    def _queued_tokens(here: list[SchedRequest], num_elsewhere: int) -> int:
+        """Prompt tokens of a tier's waiting requests: those here, and ``num_elsewhere`` more still in
+        the intake streams, counted at the mean of those here (a count is all the backlog probe gives)."""
+        tokens = sum(request.prompt_tokens for request in here)
+        return tokens + (tokens * num_elsewhere // len(here) if here else 0)
 
     def _chunk(self, prompt_tokens: int, room: Room) -> int:
         return min(prompt_tokens, room.chunk) if room.chunk else prompt_tokens

@@ -208,7 +208,7 @@ def test_background_leaves_the_normal_room_free_while_normal_requests_arrive() -
 
 
 def test_background_prefill_waits_while_realtime_is_busier_than_usual() -> None:
-    def background_admitted(num_realtime_now: int, *, waiting: int = 10) -> int:
+    def background_admitted(num_realtime_now: int, *, waiting: int = 10, in_streams: int = 0) -> int:
         scheduler = TailcutPolicy(SchedulerConfig(background_gate_margin=0.1, background_gate_max_waiting=32))
         scheduler.prefill_chunk_applied(512)
         chats = [make("realtime", prompt=100, output=500) for _ in range(20)]
@@ -226,11 +226,15 @@ def test_background_prefill_waits_while_realtime_is_busier_than_usual() -> None:
         scheduler.schedule(roomy(), now_ms=10_000)  # the realtime ones enter
         for index in range(waiting):
             scheduler.add(make("background", prompt=400, arrival_ms=10_000 + index))
-        return sum(1 for request in scheduler.schedule(roomy(), now_ms=10_020).admit if request.tier == "background")
+        view = roomy(backlog={("background", "long"): in_streams})
+        return sum(1 for request in scheduler.schedule(view, now_ms=10_020).admit if request.tier == "background")
 
     assert background_admitted(20) > 0  # as busy as usual
     assert background_admitted(22) == 0  # 10% more than usual: background waits
     assert background_admitted(22, waiting=32) > 0  # ... unless its queue reached the bound
+    # A live worker holds only what it read ahead: the queue counts what waits in Redis too.
+    assert background_admitted(22, waiting=10, in_streams=21) == 0
+    assert background_admitted(22, waiting=10, in_streams=22) > 0
 
 
 def test_until_the_driver_applies_the_chunk_the_configured_policy_holds() -> None:
