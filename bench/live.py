@@ -51,6 +51,8 @@ from bench.workloads import Arrival, poisson_trace
 from queues.keys import TIERS
 from tailcut.errors import FatalError
 from tailcut.models import max_model_len, served_name
+from workers.breakers import BreakerConfig
+from workers.degrade import DegradeConfig
 
 # The live run is bounded at the virtual run's length in real time, times this, plus the extra.
 TIMEOUT_FACTOR = 1.5
@@ -115,8 +117,29 @@ def worker_env(config: SimConfig, time_scale: float) -> dict[str, str]:
         "FAIR_MIN_WEIGHT": repr(scheduler.fair_min_weight),
         "FAIR_MAX_WEIGHT": repr(scheduler.fair_max_weight),
     }
+    # The breakers and the heartbeat fallback judge latencies in real time: at their own thresholds a
+    # pipeline slowed ×time_scale would trip them all the time (the realtime breaker then caps realtime
+    # replies and holds background back; the heartbeat ends replies with summaries), which the virtual
+    # run, which has neither, never does. Their thresholds and windows are stretched alike.
+    breakers, degrade = BreakerConfig(), DegradeConfig()
+    scaled_breakers = {
+        "REALTIME_OVER_MS": round(breakers.realtime_over_ms * time_scale),
+        "REALTIME_OPEN_S": repr(breakers.realtime_open_s * time_scale),
+        "NORMAL_P99_MS": round(breakers.normal_p99_ms * time_scale),
+        "NORMAL_WINDOW_S": repr(breakers.normal_window_s * time_scale),
+        "BACKGROUND_P99_MS": round(breakers.background_p99_ms * time_scale),
+        "BACKGROUND_WINDOW_S": repr(breakers.background_window_s * time_scale),
+        "EVALUATE_INTERVAL_S": repr(breakers.evaluate_interval_s * time_scale),
+    }
+    scaled_degrade = {
+        "REALTIME_HEARTBEAT_MS": round(degrade.realtime_heartbeat_ms * time_scale),
+        "NORMAL_HEARTBEAT_MS": round(degrade.normal_heartbeat_ms * time_scale),
+        "BACKGROUND_HEARTBEAT_MS": round(degrade.background_heartbeat_ms * time_scale),
+    }
     env = {f"TAILCUT_ENGINE__{name}": str(value) for name, value in engine.items()}
     env |= {f"TAILCUT_SCHEDULER__{name}": str(value) for name, value in sched.items()}
+    env |= {f"TAILCUT_BREAKERS__{name}": str(value) for name, value in scaled_breakers.items()}
+    env |= {f"TAILCUT_DEGRADE__{name}": str(value) for name, value in scaled_degrade.items()}
     env["TAILCUT_MAX_RUNNING"] = str(config.max_num_seqs)
     return env
 

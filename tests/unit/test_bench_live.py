@@ -17,6 +17,8 @@ from bench.stats import RequestRecord
 from bench.workloads import load_workload, poisson_trace
 from queues.keys import TIERS, Tier
 from tailcut.cli import main
+from workers.breakers import BreakerConfig
+from workers.degrade import DegradeConfig
 from workers.engines.costmodel import PROFILES
 from workers.settings import WorkerSettings
 
@@ -164,6 +166,17 @@ def test_the_live_worker_runs_the_virtual_runs_engine_and_scheduler_with_times_s
     if policy == "tailcut":
         scaled = replace(config.scheduler.budget, slack_margin_ms=config.scheduler.budget.slack_margin_ms * 8)
         assert scheduler == replace(config.scheduler, budget=scaled)
+    # The breakers and the heartbeat fallback judge real-time latencies: stretched by the time scale,
+    # so the live run trips them where the same run at full speed would.
+    breakers, defaults = settings.breaker_config(), BreakerConfig()
+    assert breakers.realtime_over_ms == defaults.realtime_over_ms * 8
+    assert breakers.realtime_open_s == defaults.realtime_open_s * 8
+    assert breakers.normal_p99_ms == defaults.normal_p99_ms * 8
+    assert breakers.evaluate_interval_s == defaults.evaluate_interval_s * 8
+    assert breakers.realtime_trip_count == defaults.realtime_trip_count  # counts are not times
+    degrade = settings.degrade_config()
+    assert degrade.realtime_heartbeat_ms == DegradeConfig().realtime_heartbeat_ms * 8
+    assert degrade.normal_heartbeat_ms == DegradeConfig().normal_heartbeat_ms * 8
 
 
 def test_the_live_api_scales_the_deadlines_and_sheds_only_for_tailcut(monkeypatch: pytest.MonkeyPatch) -> None:
