@@ -61,6 +61,8 @@ async def test_without_a_valid_key_only_the_probes_answer(stack: Stack) -> None:
             assert (await client.get(path)).status_code == 401, path
         assert (await client.get("/healthz")).status_code == 200
         assert (await client.get("/readyz")).status_code in (200, 503)
+        # The API's description is public (the same for every caller, no tenant's data in it).
+        assert "/v1/completions" in (await client.get("/openapi.json")).json()["paths"]
         answered = await client.post("/v1/completions", json=BODY, headers=bearer(key))
         assert answered.status_code == 200, answered.text
 
