@@ -46,9 +46,14 @@ class _JsonFormatter(logging.Formatter):
         return orjson.dumps(body, default=str).decode()
 
 
+def formatter(log_format: str = "text") -> logging.Formatter:
+    """How tailcut's processes write a log line (``TAILCUT_LOG_FORMAT``: text or json)."""
+    return _JsonFormatter() if log_format == "json" else _TextFormatter()
+
+
 def configure(log_format: str = "text", level: int = logging.INFO) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if log_format == "json" else _TextFormatter())
+    handler.setFormatter(formatter(log_format))
     root = logging.getLogger("tailcut")
     root.handlers[:] = [handler]
     root.setLevel(level)

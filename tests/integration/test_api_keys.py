@@ -5,6 +5,7 @@ admin key, and Redis never holds a key itself."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,10 +13,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from api.settings import ApiSettings
 from queues import requests
 from queues.apikeys import KeyStore
+from tailcut.logs import formatter
 from tests.conftest import TEST_MAX_MODEL_LEN
-from tests.stack import Stack, running_stack
+from tests.stack import Stack, running_api, running_stack
 from workers.engines.factory import start_engine
 from workers.settings import EngineSettings
 
@@ -232,3 +235,79 @@ async def test_a_tenant_runs_no_more_requests_at_once_than_its_limit(redis_url: 
                         await asyncio.sleep(0.05)
     finally:
         await engine.shutdown()
+
+
+async def test_two_api_processes_share_a_tenants_limits(stack: Stack, tiny_model: Path) -> None:
+    """The limits live in Redis: a tenant's requests per minute are counted across both API instances."""
+    second = ApiSettings(
+        redis_url=stack.api_settings.redis_url,
+        key_prefix=stack.keys.prefix,
+        model=str(tiny_model),
+        auth_required=True,
+        auth_secret=SECRET,
+    )
+    few, _ = await KeyStore(stack.redis, stack.keys, SECRET).create("acme", limits={"requests_per_minute": 3})
+    async with (
+        running_api(second, tiny_model) as other,
+        httpx.AsyncClient(base_url=stack.base_url, timeout=30) as one,
+        httpx.AsyncClient(base_url=other.base_url, timeout=30) as two,
+    ):
+        answers = [await client.post("/v1/completions", json=BODY, headers=bearer(few)) for client in (one, two, one)]
+        assert [answer.status_code for answer in answers] == [200, 200, 200]
+        refused = await two.post("/v1/completions", json=BODY, headers=bearer(few))
+    assert refused.status_code == 429 and "requests per minute" in refused.json()["error"]["message"], refused.text
+
+
+async def test_a_key_without_realtime_never_runs_at_realtime_priority(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Checked where it matters, at the worker: the request asked for realtime with a background-only
+    key that downgrades, and the worker read it from the background tier's stream and ran it there."""
+    caplog.set_level(logging.INFO, logger="tailcut.worker")
+    batch_key, _ = await KeyStore(stack.redis, stack.keys, SECRET).create(
+        "globex", tiers=["background"], downgrade=True
+    )
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+        answer = await client.post("/v1/completions", json={**BODY, "tier": "realtime"}, headers=bearer(batch_key))
+    assert answer.status_code == 200, answer.text
+    request_id = answer.headers["x-tailcut-request-id"]
+
+    def finals() -> list[str]:
+        return [
+            record.fields["tier"]  # type: ignore[attr-defined]
+            for record in caplog.records
+            if record.getMessage() == "request_final" and record.fields["rid"] == request_id  # type: ignore[attr-defined]
+        ]
+
+    async with asyncio.timeout(5):  # the worker logs it just after it wrote the reply's end
+        while not finals():
+            await asyncio.sleep(0.02)
+    assert finals() == ["background"]
+
+
+async def test_no_key_prompt_or_completion_text_reaches_the_logs(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every log line of a run (API, worker, Redis helpers; the default INFO level, as the processes
+    write them) holds none of: the key's secret, the prompt's text, the completion's text."""
+    caplog.set_level(logging.INFO)
+    key, _ = await KeyStore(stack.redis, stack.keys, SECRET).create("acme")
+    prompt = "my account number is 4242-SECRET-PROMPT-7777, please"
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "ignore_eos": True, "temperature": 0}
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+        whole = await client.post("/v1/completions", json=body, headers=bearer(key))
+        await asyncio.sleep(0.2)  # the worker's last lines about it
+        async with client.stream("POST", "/v1/completions", json={**body, "stream": True}, headers=bearer(key)) as s:
+            assert s.status_code == 200
+            await s.aread()
+        refused = await client.post("/v1/completions", json={**body, "temperature": -1}, headers=bearer(key))
+        bad_key = await client.post("/v1/completions", json=body, headers=bearer(key[:-4] + "zzzz"))
+    assert whole.status_code == 200 and refused.status_code == 400 and bad_key.status_code == 401
+    completion = whole.json()["choices"][0]["text"]
+    assert len(completion.strip()) >= 8, completion  # enough text that finding it would mean something
+    lines = [formatter("json").format(record) + " " + formatter("text").format(record) for record in caplog.records]
+    assert len(lines) > 5  # the run logged (request_final, ...)
+    secret = key.rsplit("_", 1)[1]
+    for needle in (key, secret, prompt, "4242-SECRET-PROMPT-7777", completion.strip()):
+        found = [line for line in lines if needle in line]
+        assert not found, (needle, found[:2])
