@@ -306,7 +306,7 @@ async def test_no_key_prompt_or_completion_text_reaches_the_logs(
     completion = whole.json()["choices"][0]["text"]
     assert len(completion.strip()) >= 8, completion  # enough text that finding it would mean something
     lines = [formatter("json").format(record) + " " + formatter("text").format(record) for record in caplog.records]
-    assert len(lines) > 5  # the run logged (request_final, ...)
+    assert any("request_final" in line for line in lines)  # the run's lines were captured
     secret = key.rsplit("_", 1)[1]
     for needle in (key, secret, prompt, "4242-SECRET-PROMPT-7777", completion.strip()):
         found = [line for line in lines if needle in line]
