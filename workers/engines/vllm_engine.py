@@ -71,9 +71,8 @@ class VllmEngine:
         self._llm = llm
         self._max_model_len = max_model_len
         self._kv_capacity_tokens = kv_capacity_tokens
-        # None until probed; False after a failed probe (admission-level budgeting only).
-        self._budget_control: bool | None = None
-        self._chunk_control: bool | None = None
+        # Per plugin setter: True once it answered, False after it failed (not tried again).
+        self._steering: dict[str, bool] = {}
 
     @classmethod
     def start(cls, model_dir: Path, settings: EngineSettings, *, max_model_len: int | None) -> VllmEngine:
@@ -112,39 +111,35 @@ class VllmEngine:
         does not let us (then the budget only limits admission)."""
         from workers.engines.vllm_plugin import SET_BUDGET
 
-        if self._budget_control is False:
-            return None
-        try:
-            applied = int(await self._llm.engine_core.call_utility_async(SET_BUDGET, num_tokens))
-        except Exception as exc:  # any failure means "not supported here"; the worker goes on without
-            self._budget_control = False
-            log.warning(
-                "engine_budget_unsupported error=%s: the token budget limits admission only "
-                "(is the tailcut vLLM plugin installed? pip install -e . registers it)",
-                exc,
-            )
-            return None
-        self._budget_control = True
-        return applied
+        return await self._steer(SET_BUDGET, num_tokens, "the token budget limits admission only")
 
     async def set_prefill_chunk(self, num_tokens: int) -> int | None:
         """Apply the scheduler's prefill chunk to vLLM's ``long_prefill_token_threshold``; ``None``
         when this vLLM does not let us (then the engine keeps the chunk it started with)."""
         from workers.engines.vllm_plugin import SET_PREFILL_CHUNK
 
-        if self._chunk_control is False:
+        return await self._steer(
+            SET_PREFILL_CHUNK, num_tokens, "the engine keeps its prefill chunk and the scheduler its configured sizes"
+        )
+
+    async def _steer(self, utility: str, num_tokens: int, without: str) -> int | None:
+        """Call one of the tailcut plugin's setters in the engine core; the value in force, or ``None``
+        (once and for all) when it does not answer, saying ``without`` what the worker goes on."""
+        if self._steering.get(utility) is False:
             return None
         try:
-            applied = int(await self._llm.engine_core.call_utility_async(SET_PREFILL_CHUNK, num_tokens))
+            applied = int(await self._llm.engine_core.call_utility_async(utility, num_tokens))
         except Exception as exc:  # any failure means "not supported here"; the worker goes on without
-            self._chunk_control = False
+            self._steering[utility] = False
             log.warning(
-                "engine_prefill_chunk_unsupported error=%s: the engine keeps its prefill chunk and the "
-                "scheduler its configured sizes (is the tailcut vLLM plugin installed?)",
+                "engine_steering_unsupported utility=%s error=%s: %s "
+                "(is the tailcut vLLM plugin installed? pip install -e . registers it)",
+                utility,
                 exc,
+                without,
             )
             return None
-        self._chunk_control = True
+        self._steering[utility] = True
         return applied
 
     async def prefill_chunk(self) -> int:
