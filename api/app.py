@@ -59,8 +59,8 @@ def create_app(
         model = ServedModel.of(folder, settings)
         tokenizer = PromptTokenizer(folder, num_threads=settings.tokenizer_threads)
         keys = Keys(settings.key_prefix)
-        redis = connect(settings.redis_url, timeout_s=settings.redis_timeout_s)
-        pubsub_redis = connect_blocking(settings.redis_url, block_s=1.0, connect_timeout_s=settings.redis_timeout_s)
+        redis = connect(settings.redis, timeout_s=settings.redis_timeout_s)
+        pubsub_redis = connect_blocking(settings.redis, block_s=1.0, connect_timeout_s=settings.redis_timeout_s)
         try:
             await check_redis(redis)
         except ServiceUnavailableError as exc:
@@ -68,7 +68,7 @@ def create_app(
             log_event(log, "redis_unavailable_at_start", logging.WARNING, error=exc.message)
         router = ReplyRouter(redis, pubsub_redis, keys, settings.api_id, poll_max_s=settings.reply_poll_max_s)
         await router.start(wait_s=SUBSCRIBE_WAIT_S)
-        arq = connect_arq(settings.redis_url, queue_name=keys.arq_queue, timeout_s=settings.redis_timeout_s)
+        arq = connect_arq(settings.redis, queue_name=keys.arq_queue, timeout_s=settings.redis_timeout_s)
         backlog = Backlog(redis, keys, interval_s=settings.shed_probe_interval_s)
         backlog.start()
         metrics = ApiMetrics(settings.slo_targets())

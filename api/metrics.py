@@ -93,6 +93,12 @@ class ApiMetrics:
             ["tier"],
             registry=self.registry,
         )
+        self.not_replicated = Counter(
+            "tailcut_requests_not_replicated_total",
+            "Requests refused with 503 because no replica confirmed their intake entry in time "
+            "(TAILCUT_INTAKE_DURABILITY=replica); each was withdrawn.",
+            registry=self.registry,
+        )
         self.tenant_limited = Counter(
             "tailcut_tenant_limited_total",
             "Requests refused with 429 because their tenant was at one of its limits (API keys).",

@@ -27,6 +27,7 @@ from api.shutdown import resume_hint
 from api.state import ApiState
 from api.streaming import ClientGone, collect, event_stream, leave, reply_batches, until_disconnect, wants_event_ids
 from queues import requests
+from queues.intake import NotReplicatedError
 from queues.messages import DEFAULT_TENANT, OutputEvent, RequestMessage, SamplingOptions
 from queues.replies import ReplyStream
 from queues.requests import RequestRecord, Route
@@ -149,8 +150,21 @@ async def enqueue(state: ApiState, message: RequestMessage, record: RequestRecor
         return bool(await state.redis.exists(state.keys.request(message.id)))
 
     stream = state.router.open(message.id, alive=alive)
+    settings = state.settings
     try:
-        await requests.enqueue(state.redis, state.keys, message, record, ttl_s=state.settings.idempotency_ttl_s)
+        await requests.enqueue(
+            state.redis,
+            state.keys,
+            message,
+            record,
+            ttl_s=settings.idempotency_ttl_s,
+            replicas=settings.intake_replicas,
+            wait_ms=settings.intake_replica_wait_ms,
+        )
+    except NotReplicatedError as exc:
+        stream.close()
+        state.metrics.not_replicated.inc()
+        raise ServiceUnavailableError(str(exc)) from exc
     except RedisError as exc:
         stream.close()
         raise ServiceUnavailableError(f"the request queue (Redis) does not answer: {exc}") from exc

@@ -135,7 +135,8 @@ def _run_server(settings: ApiSettings, *, sockets: list[socket.socket] | None) -
     from api.shutdown import ApiServer, server_config
     from jobs.settings import JobsSettings
 
-    jobs_settings = JobsSettings(**{name: getattr(settings, name) for name in ("model", "redis_url")})
+    shared = ("model", "redis_url", "redis_sentinels", "redis_sentinel_master")
+    jobs_settings = JobsSettings(**{name: getattr(settings, name) for name in shared})
     config = server_config(
         create_app(settings, jobs_settings=jobs_settings),
         host=settings.host,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 from arq.connections import ArqRedis
@@ -12,6 +13,9 @@ from redis.exceptions import RedisError
 
 from jobs.runner import JobRunner
 from queues.jobs import JOB_FUNCTION, JobSpec
+from tailcut.logs import log_event
+
+log = logging.getLogger("tailcut.jobs")
 
 # Key of the runner in arq's per-worker ``ctx``.
 RUNNER_CTX_KEY = "tailcut_runner"
@@ -51,13 +55,36 @@ def build_worker(runner: JobRunner, pool: ArqRedis, *, handle_signals: bool) -> 
 
 
 async def run_worker(worker: Worker) -> None:
-    """Run the arq worker until it is stopped; arq stops by cancelling its own main task."""
-    try:
-        await worker.async_run()
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
+    """Run the arq worker until it is stopped; arq stops by cancelling its own main task.
+
+    arq's polling loop has no error handling of its own: when Redis fails under it (a restart, a
+    Sentinel failover while no primary is known), its main task ends with the error. The jobs it
+    runs go on (each handles Redis errors itself), and the loop starts again after a pause, so the
+    process follows Redis back without a restart."""
+    while True:
+        try:
+            await worker.async_run()
+            return
+        except RedisError as exc:
+            log_event(log, "jobs_redis_unavailable", logging.WARNING, error=str(exc), retry_s=REDIS_RETRY_DEFER_S)
+            # The pause stands as arq's main task, so a stop signal meanwhile cancels it as it would the loop.
+            worker.main_task = asyncio.ensure_future(asyncio.sleep(REDIS_RETRY_DEFER_S))
+            try:
+                await worker.main_task
+            except asyncio.CancelledError:
+                if _cancelled_from_outside():
+                    raise
+                return
+        except asyncio.CancelledError:
+            if _cancelled_from_outside():
+                raise
+            return
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether the running task itself is being cancelled (not arq cancelling its main task to stop)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def close_worker(worker: Worker, pool: ArqRedis) -> None:

@@ -22,8 +22,8 @@ from tailcut.models import resolve_model
 
 log = logging.getLogger("tailcut.jobs")
 
-# arq's polling loop has no error handling of its own: a generous timeout keeps a slow Redis from
-# ending the process, while a dead one still surfaces.
+# arq's polling loop has no error handling of its own (``run_worker`` restarts it after a Redis error):
+# a generous timeout keeps a merely slow Redis from interrupting it.
 ARQ_REDIS_TIMEOUT_S = 10.0
 
 
@@ -34,7 +34,7 @@ async def serve(settings: JobsSettings) -> None:
         serve_metrics(runner.metrics.registry, host=settings.metrics_host, port=settings.jobs_metrics_port)
     try:
         await check_redis(runner.redis)
-        pool = connect_arq(settings.redis_url, queue_name=runner.keys.arq_queue, timeout_s=ARQ_REDIS_TIMEOUT_S)
+        pool = connect_arq(settings.redis, queue_name=runner.keys.arq_queue, timeout_s=ARQ_REDIS_TIMEOUT_S)
         worker = build_worker(runner, pool, handle_signals=False)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -101,8 +101,8 @@ class JobRunner:
         here sheds: a job's requests wait their turn in the background tier."""
         tokenizer = PromptTokenizer(model_dir, num_threads=settings.tokenizer_threads)
         admitter = Admitter(settings.admission_config(), ServedModel.of(model_dir, settings), tokenizer=tokenizer)
-        redis = connect(settings.redis_url, timeout_s=settings.redis_timeout_s)
-        pubsub_redis = connect_blocking(settings.redis_url, block_s=1.0, connect_timeout_s=settings.redis_timeout_s)
+        redis = connect(settings.redis, timeout_s=settings.redis_timeout_s)
+        pubsub_redis = connect_blocking(settings.redis, block_s=1.0, connect_timeout_s=settings.redis_timeout_s)
         router = ReplyRouter(
             redis,
             pubsub_redis,
@@ -229,7 +229,13 @@ class JobRunner:
         texts: list[str] = []
         answer = Answer(error_code="no_final_event", error_message="the output stream ended without a final event")
         try:
-            await intake.enqueue(self.redis, self.keys, message)
+            await intake.enqueue(
+                self.redis,
+                self.keys,
+                message,
+                replicas=self.settings.intake_replicas,
+                wait_ms=self.settings.intake_replica_wait_ms,
+            )
             async for event in stream.events():
                 if event.type == "chunk":
                     texts.append(event.text)

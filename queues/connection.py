@@ -1,40 +1,81 @@
-"""Redis clients as tailcut needs them, and the checks a Redis must pass before we use it."""
+"""Redis clients as tailcut needs them, and the checks a Redis must pass before we use it.
+
+A process reaches Redis either at one URL or through Redis Sentinel (``RedisEndpoint.sentinels``):
+then each new connection asks the Sentinels for the current primary, so after a failover the next
+connection goes to the new one. Connections to a demoted primary fail (Sentinel closes them, and a
+write there answers READONLY, which drops the connection); every caller already treats a failed
+command as Redis being away for a moment and retries or answers 503, so a failover needs no restart.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import ConnectionPool, SSLConnection, parse_url
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import RedisError
 
 from tailcut.errors import ConfigError, ServiceUnavailableError
+from tailcut.settings import RedisEndpoint
 
 # Blocking reads (XREADGROUP BLOCK, pub/sub) need a socket timeout longer than the block time, or the
 # client gives up on a healthy idle connection.
 BLOCKING_MARGIN_S = 5.0
 
 
-def connect(url: str, *, timeout_s: float) -> aioredis.Redis:
-    """Client for short commands: fails within ``timeout_s`` when Redis does not answer."""
-    client: aioredis.Redis = aioredis.Redis.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        health_check_interval=30,
+class _SentinelPool(SentinelConnectionPool):
+    """A Sentinel-backed pool that also closes its Sentinel clients when the pool itself is closed
+    (``disconnect()`` with in-use connections; a primary change calls it with idle ones only)."""
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        await super().disconnect(inuse_connections)
+        if inuse_connections:
+            for client in self.sentinel_manager.sentinels:
+                await client.aclose()
+
+
+def connection_pool(endpoint: str | RedisEndpoint, **options: Any) -> ConnectionPool:
+    """A pool for ``endpoint`` with redis-py connection ``options`` (timeouts, health checks)."""
+    if isinstance(endpoint, str):
+        endpoint = RedisEndpoint(endpoint)
+    if not endpoint.sentinels:
+        return ConnectionPool.from_url(endpoint.url, **options)
+    data = {key: value for key, value in parse_url(endpoint.url).items() if key not in ("host", "port", "path")}
+    if data.pop("connection_class", None) is SSLConnection:
+        data["ssl"] = True
+    sentinel_options = {
+        key: value for key, value in options.items() if key in ("socket_timeout", "socket_connect_timeout")
+    }
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(endpoint.sentinels),
+        sentinel_kwargs={
+            **sentinel_options,
+            "username": endpoint.sentinel_username,
+            "password": endpoint.sentinel_password,
+        },
     )
-    return client
+    return _SentinelPool(endpoint.master, sentinel, **data, **options)  # type: ignore[no-untyped-call]
 
 
-def connect_blocking(url: str, *, block_s: float, connect_timeout_s: float) -> aioredis.Redis:
+def connect(endpoint: str | RedisEndpoint, *, timeout_s: float) -> aioredis.Redis:
+    """Client for short commands: fails within ``timeout_s`` when Redis does not answer."""
+    pool = connection_pool(
+        endpoint, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=30
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+def connect_blocking(endpoint: str | RedisEndpoint, *, block_s: float, connect_timeout_s: float) -> aioredis.Redis:
     """Client for blocking reads of up to ``block_s`` seconds."""
-    client: aioredis.Redis = aioredis.Redis.from_url(
-        url,
+    pool = connection_pool(
+        endpoint,
         socket_timeout=block_s + BLOCKING_MARGIN_S,
         socket_connect_timeout=connect_timeout_s,
         health_check_interval=30,
     )
-    return client
+    return aioredis.Redis.from_pool(pool)
 
 
 async def check_redis(redis: aioredis.Redis) -> None:

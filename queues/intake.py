@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError, ResponseError
 
 from queues import fencing, scripts
 from queues.keys import FENCE_TTL_S, WORKER_GROUP, Keys
@@ -25,6 +26,8 @@ MESSAGE_FIELD = b"d"
 TOKENS_FIELD = b"t"
 # The queued-tokens probe reads at most this many unread entries per stream and extrapolates beyond.
 QUEUED_TOKENS_SCAN = 5000
+# A withdrawn entry's cancel tombstone outlives any worker's read of it.
+WITHDRAWN_TTL_S = 3600
 # The dead-letter stream keeps about this many entries.
 DEAD_LETTER_MAXLEN = 100_000
 
@@ -60,10 +63,52 @@ def entry_fields(message: RequestMessage) -> dict[bytes, bytes | int]:
     return {MESSAGE_FIELD: message.dumps(), TOKENS_FIELD: message.cost_tokens()}
 
 
-async def enqueue(redis: aioredis.Redis, keys: Keys, message: RequestMessage) -> str:
-    """Append the request to its intake stream; returns the entry id. Accepted once this returns."""
-    entry_id = await redis.xadd(keys.intake(message.tier, message.bucket), entry_fields(message))  # type: ignore[arg-type]
-    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+class NotReplicatedError(RedisError):
+    """No replica confirmed an intake entry within the wait; the entry was withdrawn (not accepted)."""
+
+
+async def enqueue(
+    redis: aioredis.Redis, keys: Keys, message: RequestMessage, *, replicas: int = 0, wait_ms: int = 0
+) -> str:
+    """Append the request to its intake stream; returns the entry id. Accepted once this returns
+    (with ``replicas``, see ``append``)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        return await append(pipe, keys, message, replicas=replicas, wait_ms=wait_ms)
+
+
+async def append(pipe: Pipeline, keys: Keys, message: RequestMessage, *, replicas: int, wait_ms: int) -> str:
+    """Queue the XADD of ``message`` after what ``pipe`` holds already, run it all in one round trip,
+    and return the entry id.
+
+    With ``replicas`` the same round trip ends in ``WAIT replicas wait_ms``, which Redis answers once
+    that many replicas have every write of this connection so far (the pipeline's one connection):
+    the request then survives a failover to any of them. When fewer confirm in time the entry is
+    withdrawn — deleted, and a cancel tombstone keeps a worker that already read it from running it —
+    and ``NotReplicatedError`` says so: the caller answers that the request was not accepted."""
+    stream = keys.intake(message.tier, message.bucket)
+    pipe.xadd(stream, entry_fields(message))  # type: ignore[arg-type]
+    if replicas:
+        pipe.execute_command("WAIT", replicas, wait_ms)
+    replies = await pipe.execute()
+    raw = replies[-2] if replicas else replies[-1]
+    entry_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+    if replicas and int(replies[-1]) < replicas:
+        await withdraw(pipe, keys, message.id, stream, entry_id)
+        raise NotReplicatedError(
+            f"no replica confirmed the request within {wait_ms} ms (intake durability 'replica'); "
+            "it was not accepted and can be sent again"
+        )
+    return entry_id
+
+
+async def withdraw(pipe: Pipeline, keys: Keys, request_id: str, stream: str, entry_id: str) -> None:
+    """Take back an intake entry nobody was told was accepted: a worker that already holds it finds
+    the cancel tombstone and drops it."""
+    pipe.set(keys.cancelled(request_id), b"1", ex=WITHDRAWN_TTL_S)
+    pipe.publish(keys.cancel_channel, request_id.encode())
+    pipe.xdel(stream, entry_id)
+    pipe.delete(keys.request(request_id))
+    await pipe.execute()
 
 
 async def read(

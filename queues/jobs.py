@@ -26,12 +26,12 @@ import orjson
 import redis.asyncio as aioredis
 from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix
-from redis.asyncio import ConnectionPool
 
 from queues import scripts
-from queues.connection import reply
+from queues.connection import connection_pool, reply
 from queues.keys import Keys
 from tailcut.errors import JobFailedError
+from tailcut.settings import RedisEndpoint
 
 # Name of the arq job function (registered by the jobs process, enqueued by the API).
 JOB_FUNCTION = "analyze_logs"
@@ -148,12 +148,13 @@ def rebuild_exception(encoded: dict[str, Any]) -> BaseException:
     return JobFailedError(f"{encoded[EXC_TYPE]}: {message}" if message else str(encoded[EXC_TYPE]))
 
 
-def connect_arq(url: str, *, queue_name: str, timeout_s: float) -> ArqRedis:
-    """An arq client with the JSON serializer. Built directly rather than with ``arq.create_pool``,
-    which pings (and retries for seconds) at creation: the API starts while Redis is down and answers
-    503s until it is back. Close with ``aclose(close_connection_pool=True)``."""
-    pool = ConnectionPool.from_url(
-        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=30
+def connect_arq(endpoint: str | RedisEndpoint, *, queue_name: str, timeout_s: float) -> ArqRedis:
+    """An arq client with the JSON serializer, directly or through Sentinel as ``endpoint`` says. Built
+    directly rather than with ``arq.create_pool``, which pings (and retries for seconds) at creation:
+    the API starts while Redis is down and answers 503s until it is back. Close with
+    ``aclose(close_connection_pool=True)``."""
+    pool = connection_pool(
+        endpoint, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=30
     )
     return ArqRedis(pool, job_serializer=dumps_job, job_deserializer=loads_job, default_queue_name=queue_name)
 

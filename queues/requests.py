@@ -17,7 +17,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from queues import scripts
-from queues.intake import entry_fields
+from queues.intake import append
 from queues.keys import Keys
 from queues.messages import RequestMessage
 
@@ -84,15 +84,22 @@ async def release(redis: aioredis.Redis, keys: Keys, record: RequestRecord, idem
 
 
 async def enqueue(
-    redis: aioredis.Redis, keys: Keys, message: RequestMessage, record: RequestRecord, *, ttl_s: int
+    redis: aioredis.Redis,
+    keys: Keys,
+    message: RequestMessage,
+    record: RequestRecord,
+    *,
+    ttl_s: int,
+    replicas: int = 0,
+    wait_ms: int = 0,
 ) -> None:
     """Store the record (unless ``claim`` stored it: a resumable request) and append the request to
-    its intake stream, in one round trip: accepted once this returns."""
+    its intake stream, in one round trip: accepted once this returns (``replicas``: see
+    ``intake.append``; a withdrawn request's record goes with it)."""
     async with redis.pipeline(transaction=False) as pipe:
         if not record.resumable:
             pipe.set(keys.request(record.id), record.dumps(), ex=ttl_s)
-        pipe.xadd(keys.intake(message.tier, message.bucket), entry_fields(message))  # type: ignore[arg-type]
-        await pipe.execute()
+        await append(pipe, keys, message, replicas=replicas, wait_ms=wait_ms)
 
 
 async def load(redis: aioredis.Redis, keys: Keys, request_id: str) -> RequestRecord | None:

@@ -58,7 +58,7 @@ def _store() -> tuple[KeyStore, Any]:
     settings = ApiSettings()
     if not settings.auth_secret:
         raise ConfigError("set TAILCUT_AUTH_SECRET to the API's secret: keys are stored as their HMAC under it")
-    redis = connect(settings.redis_url, timeout_s=settings.redis_timeout_s)
+    redis = connect(settings.redis, timeout_s=settings.redis_timeout_s)
     return KeyStore(redis, Keys(settings.key_prefix), settings.auth_secret), redis
 
 

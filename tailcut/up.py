@@ -90,9 +90,11 @@ def up(*, model: str | None, port: int | None, redis_url: str | None, num_worker
     name = served_name(model_dir, settings.served_model_name)
     with contextlib.ExitStack() as stack:
         url_of_redis = settings.redis_url
-        if "redis_url" not in settings.model_fields_set and not redis_answers(url_of_redis):
+        chosen = "redis_url" in settings.model_fields_set or settings.redis_sentinels
+        if not chosen and not redis_answers(url_of_redis):
             url_of_redis = stack.enter_context(private_redis()).url
             console.log(f"started a private redis-server at {url_of_redis}")
+        where = str(settings.redis) if settings.redis_sentinels else url_of_redis
         env = {**os.environ, "TAILCUT_REDIS_URL": url_of_redis, "TAILCUT_MODEL": str(model_dir)}
         children: list[Child] = []
         try:
@@ -106,7 +108,7 @@ def up(*, model: str | None, port: int | None, redis_url: str | None, num_worker
             children.append(start_child("api", [*command, "api"], api_env))
             url = _base_url(api_settings.host, listen_port)
             _wait_ready(url, children)
-            console.print(f"\n[bold green]tailcut is up[/] at {url} — model {name}, Redis {url_of_redis}\n")
+            console.print(f"\n[bold green]tailcut is up[/] at {url} — model {name}, Redis {where}\n")
             console.print(
                 f"curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' "
                 f'-d \'{{"model": "{name}", "stream": true, "messages": '

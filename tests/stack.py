@@ -30,6 +30,7 @@ from queues.connection import connect, connect_blocking
 from queues.jobs import connect_arq
 from queues.keys import Keys
 from tailcut.processes import RedisServer, private_redis
+from tailcut.settings import RedisEndpoint
 from workers.engines.base import Engine
 from workers.prompter import Prompter
 from workers.settings import WorkerSettings
@@ -85,11 +86,22 @@ async def running_api(
         await task
 
 
+def redis_fields(redis: str | RedisEndpoint) -> dict[str, str]:
+    """The settings fields that point a process at ``redis`` (a URL, or Sentinels)."""
+    if isinstance(redis, str):
+        return {"redis_url": redis}
+    return {
+        "redis_url": redis.url,
+        "redis_sentinels": ",".join(f"{host}:{port}" for host, port in redis.sentinels),
+        "redis_sentinel_master": redis.master,
+    }
+
+
 @contextlib.asynccontextmanager
 async def running_workers(
     settings: list[WorkerSettings],
     engine: Engine,
-    redis_url: str,
+    redis_url: str | RedisEndpoint,
     *,
     prompter: Prompter | None = None,
     prefixes: Sequence[list[int]] = (),
@@ -117,7 +129,7 @@ async def running_workers(
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    redis_url: str,
+    redis_url: str | RedisEndpoint,
     model_dir: Path,
     engine: Engine | None,
     *,
@@ -129,12 +141,14 @@ async def running_stack(
     **api_overrides: object,
 ) -> AsyncIterator[Stack]:
     """``jobs``: ``JobsSettings`` fields for the API's ``/v1/jobs`` routes (limits, defaults);
-    ``worker``: ``WorkerSettings`` fields for every worker; ``prompter``: see ``running_workers``."""
+    ``worker``: ``WorkerSettings`` fields for every worker; ``prompter``: see ``running_workers``.
+    ``redis_url``: a URL, or an endpoint naming Sentinels (``tests.sentinel``)."""
     prefix = unique_prefix()
-    api_settings = ApiSettings(redis_url=redis_url, key_prefix=prefix, model=str(model_dir), **api_overrides)  # type: ignore[arg-type]
+    where = redis_fields(redis_url)
+    api_settings = ApiSettings(**where, key_prefix=prefix, model=str(model_dir), **api_overrides)  # type: ignore[arg-type]
     worker_settings = [
         WorkerSettings(
-            redis_url=redis_url,
+            **where,  # type: ignore[arg-type]
             key_prefix=prefix,
             model=str(model_dir),
             worker_id=f"w{index}-{prefix}",
@@ -147,7 +161,7 @@ async def running_stack(
     # The test's own client: patient, so two busy cores (the engine spinning) do not fail a test's read.
     redis = connect(redis_url, timeout_s=5.0)
     try:
-        jobs_settings = JobsSettings(redis_url=redis_url, key_prefix=prefix, **(jobs or {}))  # type: ignore[arg-type]
+        jobs_settings = JobsSettings(**where, key_prefix=prefix, **(jobs or {}))  # type: ignore[arg-type]
         async with running_api(api_settings, model_dir, jobs_settings) as api:
             workers_running = (
                 running_workers(worker_settings, engine, redis_url, prompter=prompter, prefixes=prefixes)

@@ -52,9 +52,9 @@ async def serve(settings: WorkerSettings) -> None:
     # A bad Q&A file stops the worker before the engine spends a minute starting.
     entries = load_qa(settings.warmup.prefix_file) if settings.warmup.prefix_file is not None else []
     model_dir = resolve_model(settings.model, settings.cache_dir, progress=lambda line: log_event(log, line))
-    redis = connect(settings.redis_url, timeout_s=settings.redis_timeout_s)
+    redis = connect(settings.redis, timeout_s=settings.redis_timeout_s)
     blocking = connect_blocking(
-        settings.redis_url, block_s=settings.read_block_ms / 1000, connect_timeout_s=settings.redis_timeout_s
+        settings.redis, block_s=settings.read_block_ms / 1000, connect_timeout_s=settings.redis_timeout_s
     )
     await check_redis(redis)
     engine = start_engine(settings.engine, model_dir, settings.max_model_len)
