@@ -22,6 +22,8 @@ from tailcut.processes import Child, RedisServer, free_port, private_redis, star
 from tailcut.settings import DEFAULT_SENTINEL_MASTER, RedisEndpoint
 
 QUORUM = 2
+# A new replica's first sync streams the data set at once (no RDB file, no delay).
+SERVER_OPTIONS = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
 DOWN_AFTER_MS = 1000
 # Also how soon the Sentinels may fail the same master name over again (twice this).
 FAILOVER_TIMEOUT_MS = 3000
@@ -31,6 +33,7 @@ FAILOVER_TIMEOUT_MS = 3000
 class SentinelGroup:
     servers: dict[int, RedisServer]  # by port: the primary and the replica at the start
     sentinel_ports: list[int]
+    _stack: contextlib.ExitStack
     sentinels: list[Child] = field(default_factory=list)
     master: str = DEFAULT_SENTINEL_MASTER
 
@@ -93,6 +96,12 @@ class SentinelGroup:
         """SIGKILL the Redis server on ``port`` (no goodbye to its replica or its clients)."""
         self.servers[port].kill()
 
+    def restart(self, port: int) -> None:
+        """Start a killed server again on its port, empty (as a supervisor would); the Sentinels turn it
+        into a replica of the current primary."""
+        assert self.servers[port].process.poll() is not None, f"the server on {port} is running"
+        self.servers[port] = self._stack.enter_context(private_redis(port, *SERVER_OPTIONS))
+
 
 @contextlib.contextmanager
 def sentinel_group(*, replica_extra: tuple[str, ...] = ()) -> Iterator[SentinelGroup]:
@@ -100,8 +109,7 @@ def sentinel_group(*, replica_extra: tuple[str, ...] = ()) -> Iterator[SentinelG
     binary = shutil.which("redis-sentinel")
     if binary is None:
         raise RuntimeError("redis-sentinel is not installed (Debian: apt-get install redis-sentinel)")
-    # Killed servers are not restarted: Sentinel would turn a returning old primary into a replica.
-    common = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
+    common = SERVER_OPTIONS
     with contextlib.ExitStack() as stack:
         primary = stack.enter_context(private_redis(None, *common))
         primary_port = int(primary.url.rsplit(":", 1)[1].split("/")[0])
@@ -109,7 +117,7 @@ def sentinel_group(*, replica_extra: tuple[str, ...] = ()) -> Iterator[SentinelG
             private_redis(None, *common, "--replicaof", "127.0.0.1", str(primary_port), *replica_extra)
         )
         replica_port = int(replica.url.rsplit(":", 1)[1].split("/")[0])
-        group = SentinelGroup({primary_port: primary, replica_port: replica}, [free_port() for _ in range(3)])
+        group = SentinelGroup({primary_port: primary, replica_port: replica}, [free_port() for _ in range(3)], stack)
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tailcut-sentinel-")))
         for port in group.sentinel_ports:
             config = folder / f"sentinel-{port}.conf"
