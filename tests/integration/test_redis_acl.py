@@ -501,6 +501,26 @@ async def test_the_jobs_user_runs_arq_jobs_and_their_requests(acl_redis: AclRedi
     assert not await denials(admin)
 
 
+async def test_api_and_jobs_users_wait_for_a_replica_and_withdraw_what_none_confirmed(
+    acl_redis: AclRedis, admin: aioredis.Redis
+) -> None:
+    """TAILCUT_INTAKE_DURABILITY=replica (the Kubernetes gpu-ha overlay): the enqueue ends in ``WAIT 1``;
+    this Redis has no replica, so none confirms and the entry is withdrawn (tombstone, cancel, XDEL, the
+    record deleted), by the API (a request with its record) and by the jobs process (a chunk)."""
+    async with clients(acl_redis, "api") as (api, _), clients(acl_redis, "jobs") as (jobs, _):
+        record = RequestRecord(id="w1", tenant="t", route="chat", model="m")
+        with pytest.raises(intake.NotReplicatedError):
+            await requests.enqueue(api, KEYS, message("w1"), record, ttl_s=60, replicas=1, wait_ms=10)
+        chunk = message("w2", tier="background", bucket="medium", reply_to="jobs-1")
+        with pytest.raises(intake.NotReplicatedError):
+            await intake.enqueue(jobs, KEYS, chunk, replicas=1, wait_ms=10)
+        for request_id, stream in (("w1", KEYS.intake("normal", "short")), ("w2", KEYS.intake("background", "medium"))):
+            assert await admin.xlen(stream) == 0, f"{request_id} was not withdrawn from {stream}"
+            assert await admin.exists(KEYS.cancelled(request_id)), f"{request_id} has no cancel tombstone"
+        assert not await admin.exists(KEYS.request("w1"))
+    assert not await denials(admin)
+
+
 # --- the whole pipeline ----------------------------------------------------------------------------------
 
 
