@@ -76,7 +76,9 @@ async def enqueue(
         return await append(pipe, keys, message, replicas=replicas, wait_ms=wait_ms)
 
 
-async def append(pipe: Pipeline, keys: Keys, message: RequestMessage, *, replicas: int, wait_ms: int) -> str:
+async def append(
+    pipe: Pipeline, keys: Keys, message: RequestMessage, *, replicas: int, wait_ms: int, recorded: bool = False
+) -> str:
     """Queue the XADD of ``message`` after what ``pipe`` holds already, run it all in one round trip,
     and return the entry id.
 
@@ -84,7 +86,8 @@ async def append(pipe: Pipeline, keys: Keys, message: RequestMessage, *, replica
     that many replicas have every write of this connection so far (the pipeline's one connection):
     the request then survives a failover to any of them. When fewer confirm in time the entry is
     withdrawn — deleted, and a cancel tombstone keeps a worker that already read it from running it —
-    and ``NotReplicatedError`` says so: the caller answers that the request was not accepted."""
+    and ``NotReplicatedError`` says so: the caller answers that the request was not accepted.
+    ``recorded``: the request has a record (``queues.requests``), withdrawn with it."""
     stream = keys.intake(message.tier, message.bucket)
     pipe.xadd(stream, entry_fields(message))  # type: ignore[arg-type]
     if replicas:
@@ -93,7 +96,7 @@ async def append(pipe: Pipeline, keys: Keys, message: RequestMessage, *, replica
     raw = replies[-2] if replicas else replies[-1]
     entry_id = raw.decode() if isinstance(raw, bytes) else str(raw)
     if replicas and int(replies[-1]) < replicas:
-        await withdraw(pipe, keys, message.id, stream, entry_id)
+        await withdraw(pipe, keys, message.id, stream, entry_id, recorded=recorded)
         raise NotReplicatedError(
             f"no replica confirmed the request within {wait_ms} ms (intake durability 'replica'); "
             "it was not accepted and can be sent again"
@@ -101,13 +104,14 @@ async def append(pipe: Pipeline, keys: Keys, message: RequestMessage, *, replica
     return entry_id
 
 
-async def withdraw(pipe: Pipeline, keys: Keys, request_id: str, stream: str, entry_id: str) -> None:
+async def withdraw(pipe: Pipeline, keys: Keys, request_id: str, stream: str, entry_id: str, *, recorded: bool) -> None:
     """Take back an intake entry nobody was told was accepted: a worker that already holds it finds
     the cancel tombstone and drops it."""
     pipe.set(keys.cancelled(request_id), b"1", ex=WITHDRAWN_TTL_S)
     pipe.publish(keys.cancel_channel, request_id.encode())
     pipe.xdel(stream, entry_id)
-    pipe.delete(keys.request(request_id))
+    if recorded:
+        pipe.delete(keys.request(request_id))
     await pipe.execute()
 
 

@@ -99,7 +99,7 @@ async def enqueue(
     async with redis.pipeline(transaction=False) as pipe:
         if not record.resumable:
             pipe.set(keys.request(record.id), record.dumps(), ex=ttl_s)
-        await append(pipe, keys, message, replicas=replicas, wait_ms=wait_ms)
+        await append(pipe, keys, message, replicas=replicas, wait_ms=wait_ms, recorded=True)
 
 
 async def load(redis: aioredis.Redis, keys: Keys, request_id: str) -> RequestRecord | None:
