@@ -22,13 +22,17 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from queues import intake
 from queues.connection import connect, connect_blocking
 from queues.keys import Keys
-from queues.messages import OutputEvent
+from queues.messages import OutputEvent, RequestMessage, SamplingSpec
 from queues.output import OutputWriter
 from queues.replies import ReplyRouter
+from tests.conftest import TEST_MAX_MODEL_LEN
 from tests.sse import frames as sse_frames
-from tests.stack import private_redis_server, running_stack, unique_prefix
+from tests.stack import private_redis_server, running_stack, running_workers, unique_prefix
+from workers.engines.factory import start_engine
+from workers.settings import EngineSettings, WorkerSettings
 
 NO_PERSISTENCE = ("--appendonly", "no", "--save", "")
 # Redis drops a pub/sub client once 32 KiB wait unsent for it; the kernel's socket buffers hold some
@@ -262,3 +266,59 @@ async def test_a_streaming_client_through_the_api_gets_its_whole_reply_after_the
         "length"
     ]
     assert frames[-1] == (None, "[DONE]")
+
+
+async def test_a_worker_told_to_stop_while_redis_is_gone_stops_within_its_bounds(
+    free_port: int, tiny_model: Path
+) -> None:
+    """A worker (null engine, one request at a time) runs a long reply while a second waits in its
+    queue; Redis is SIGKILLed, so the running reply's output piles up unwritten. Told to stop, the
+    worker cannot hand the waiting request back (that would wait for the pile to be written) nor
+    drain: it gives each step its bound and stops, leaving both pending in Redis for a take-over."""
+    engine = start_engine(EngineSettings(kind="null", null_step_ms=20), tiny_model, TEST_MAX_MODEL_LEN)
+    keys = Keys(unique_prefix())
+    deadline_ms = int(time.time() * 1000) + 600_000
+    messages = [
+        RequestMessage(
+            id=f"long-{index}",
+            tenant="t",
+            tier="normal",
+            bucket="short",
+            prompt_token_ids=[1, 2, 3],
+            sampling=SamplingSpec(max_tokens=5000),
+            predicted_output_tokens=5000,
+            enqueued_at_ms=0,
+            deadline_ms=deadline_ms,
+            reply_to="api-gone",
+        )
+        for index in range(2)
+    ]
+    settings = WorkerSettings(
+        redis_url=f"redis://127.0.0.1:{free_port}/0", key_prefix=keys.prefix, model=str(tiny_model),
+        worker_id="stopping", read_block_ms=100, drain_timeout_s=1, max_running=1, redis_timeout_s=0.5,
+    )  # fmt: skip
+    try:
+        with private_redis_server(free_port, *NO_PERSISTENCE) as server:
+            redis = connect(server.url, timeout_s=1.0)
+            await intake.ensure_groups(redis, keys)
+            for message in messages:
+                await intake.enqueue(redis, keys, message)
+            workers = running_workers([settings], engine, server.url)
+            (worker,) = await workers.__aenter__()
+            try:
+                async with asyncio.timeout(20):
+                    while not (worker.scheduler.num_waiting == 1 and len(worker.served_ids) == 0 and worker._tasks):
+                        await asyncio.sleep(0.05)
+                await asyncio.sleep(0.3)  # output is flowing
+                server.kill()
+                await asyncio.sleep(0.5)  # and now piles up
+            finally:
+                started = time.monotonic()
+                async with asyncio.timeout(60):
+                    await workers.__aexit__(None, None, None)
+                stopped_after_s = time.monotonic() - started
+            await redis.aclose()
+    finally:
+        await engine.shutdown()
+    # read ahead + helpers (5 s) + hand back (5 s) + drain (1 s) and hand back (5 s + 4 × 1 s) + writer (5 s)
+    assert stopped_after_s < 30, f"the worker took {stopped_after_s:.1f} s to stop"
