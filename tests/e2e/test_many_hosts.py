@@ -234,7 +234,7 @@ async def test_workers_on_two_hosts_share_the_group_and_a_dead_hosts_streams_fin
                     served = await finals_by_worker(workers, first_ids)
                     took = {worker_id: handled(child) & first_ids for worker_id, child in workers.items()}
 
-                    # Round two: the same requests; a host dies while it is well into writing two or more
+                    # Round two: the same requests; a host dies while it is well into writing one or more
                     # of them (the one writing more) and the other host holds some too.
                     replies = [Reply() for _ in range(NUM_REQUESTS)]
                     tasks = [
@@ -251,16 +251,16 @@ async def test_workers_on_two_hosts_share_the_group_and_a_dead_hosts_streams_fin
                                 worker_id: {
                                     request_id
                                     for request_id in held.get(worker_id, set())
-                                    if 10 <= written[request_id] <= MAX_TOKENS // 2
+                                    if 10 <= written[request_id] <= MAX_TOKENS * 2 // 3
                                 }
                                 for worker_id in workers
                             }
                             doomed, survivor = sorted(workers, key=lambda worker_id: -len(mid_stream[worker_id]))
-                            if len(mid_stream[doomed]) >= 2 and held.get(survivor):
+                            if mid_stream[doomed] and held.get(survivor):
                                 break
                             if all(task.done() for task in tasks) or time.monotonic() > waited_until:
                                 pytest.fail(
-                                    "no moment came where one host streamed two requests mid-way and the other "
+                                    "no moment came where one host streamed a request mid-way and the other "
                                     f"held some: held { ({w: len(ids) for w, ids in held.items()}) }, tokens "
                                     f"{[reply.num_tokens for reply in replies]}, take-overs logged "
                                     f"{[len(log_events(child, 'request_reclaimed')) for child in workers.values()]}"
@@ -290,10 +290,12 @@ async def test_workers_on_two_hosts_share_the_group_and_a_dead_hosts_streams_fin
                             task.cancel()
                         await asyncio.gather(*tasks, return_exceptions=True)
                 second_ids = {reply.request_id for reply in replies}
+                # Take-overs of the death (on a loaded machine a stalled but live worker may also have been
+                # taken over earlier, in round one: the fence kept those streams whole, see below).
                 takeovers = [
                     record
                     for record in log_events(workers[survivor], "request_reclaimed")
-                    if record.get("dead_worker") == doomed
+                    if record.get("dead_worker") == doomed and record["ts"] >= killed_at_epoch_s
                 ]
                 reclaimed = {record["rid"]: record["positions_written"] for record in takeovers}
                 # Those it had to finish: a request whose final event the dead host had written already
