@@ -158,16 +158,20 @@ class JobRunner:
             self.metrics.jobs.labels("aborted" if aborted else "stopped").inc()
             log_event(log, "job_stopped", job=job_id, cancelled_requests=len(in_flight), ms=_ms_since(started))
             raise
-        except RedisError:
-            # Redis went away under the job: it is not the job's failure. arq runs it again (the
-            # answers kept so far are not asked again); if this process stops meanwhile, its lease
-            # lapses and another jobs process takes the job (``queues.jobs.JobLeases``).
-            await self._cancel(in_flight)
-            self.metrics.jobs.labels("stopped").inc()
-            log_event(log, "job_interrupted", logging.WARNING, job=job_id, ms=_ms_since(started))
-            raise
         except Exception as exc:
             await self._cancel(in_flight)
+            if redis_failure(exc):
+                # Redis went away (or timed out) under the job — in one chunk's task, say: it is not the
+                # job's failure. arq runs it again (the answers kept so far are not asked again); if
+                # this process stops meanwhile, its lease lapses and another jobs process takes the job
+                # (``queues.jobs.JobLeases``).
+                self.metrics.jobs.labels("stopped").inc()
+                log_event(
+                    log, "job_interrupted", logging.WARNING, job=job_id, error=_describe(exc), ms=_ms_since(started)
+                )
+                if isinstance(exc, RedisError):
+                    raise
+                raise RedisError(_describe(exc)) from exc
             error = _describe(exc)
             with contextlib.suppress(RedisError):
                 await self.store.finish(job_id, "failed", ttl_s=self.settings.jobs_result_ttl_s, error=error)
@@ -339,6 +343,13 @@ def aggregate(chunks: list[Chunk], answers: dict[int, Answer], combined: dict[st
             + (combined["completion_tokens"] if combined else 0),
         },
     }
+
+
+def redis_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis failing: a Redis error, or a task group's errors that all are."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(redis_failure(inner) for inner in exc.exceptions)
+    return isinstance(exc, RedisError)
 
 
 def _describe(exc: BaseException) -> str:

@@ -9,10 +9,12 @@ import orjson
 import pytest
 from arq.jobs import deserialize_result, serialize_job, serialize_result
 from pydantic import ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api.schemas import JobRequest
 from jobs.prompts import chunk_messages
-from jobs.runner import aggregate
+from jobs.runner import aggregate, redis_failure
 from jobs.settings import JobsSettings
 from queues.jobs import Answer, JobSpec, dumps_job, loads_job, split_chunks
 from queues.keys import Keys
@@ -131,3 +133,14 @@ def test_cli_parses_jobs_and_submit() -> None:
     submit = parser.parse_args(["jobs", "submit", "app.log", "--chunk-lines", "20", "--url", "http://h:1"])
     assert submit.func.__name__ == "cmd_submit"
     assert (submit.file, submit.chunk_lines, submit.url) == ("app.log", 20, "http://h:1")
+
+
+def test_a_redis_error_inside_a_chunks_task_group_is_redis_failing_not_the_job() -> None:
+    """A chunk's task that meets a Redis timeout ends the job's task group with an ExceptionGroup: the
+    job is interrupted (arq runs it again), not failed; any other error in the group fails it."""
+    timeout = RedisTimeoutError("Timeout reading from 127.0.0.1:6379")
+    closed = RedisConnectionError("Connection closed by server.")
+    assert redis_failure(timeout)
+    assert redis_failure(ExceptionGroup("chunks", [timeout, closed]))
+    assert not redis_failure(ExceptionGroup("chunks", [timeout, ValueError("bad chunk")]))
+    assert not redis_failure(ValueError("bad chunk"))
