@@ -34,8 +34,8 @@ NUM_REQUESTS = 10
 MAX_TOKENS = 300
 EVENT_IDS = {"X-Tailcut-Event-Ids": "true"}  # each frame's position as its SSE id
 WORKER_START_S = 150
-# Default heartbeat (1 s) and take-over settings: a dead worker's beat vouches for it 2 s and the
-# survivor looks every 0.5 s, so it takes over 1-2.5 s after the death. Generous for two busy cores.
+# A 2 s heartbeat (below), default take-over settings: a dead worker's beat vouches for it 4 s and the
+# survivor looks every 0.5 s, so it takes over 2-5 s after the death. Generous for two busy cores.
 TAKEOVER_S = 10.0
 ROUND_TWO_S = 45  # from the host's death to the last stream's end (5-13 s here)
 
@@ -99,6 +99,9 @@ def start_worker(host: netns.Host, redis_port: int, keys: Keys, model: Path, fol
         "TAILCUT_ENGINE__MAX_NUM_SEQS": "6",
         "TAILCUT_SCHEDULER__PREFETCH": "1",
         "TAILCUT_METRICS_PORT": "0",
+        # A 2 s beat (alive for 4 s): two engines on two shared cores stall a worker's loop for 2-3 s
+        # at times, and at the default 1 s beat the other worker takes a live one's requests over.
+        "TAILCUT_HEARTBEAT_S": "2",
         "TAILCUT_LOG_FORMAT": "json",
         # Compared with greedy references: no summary fallback (see tests.stack.running_workers).
         "TAILCUT_DEGRADE__REALTIME_HEARTBEAT_MS": "0",
@@ -256,12 +259,12 @@ async def test_workers_on_two_hosts_share_the_group_and_a_dead_hosts_streams_fin
                                 for worker_id in workers
                             }
                             doomed, survivor = sorted(workers, key=lambda worker_id: -len(mid_stream[worker_id]))
-                            if mid_stream[doomed] and held.get(survivor):
+                            if mid_stream[doomed]:
                                 break
                             if all(task.done() for task in tasks) or time.monotonic() > waited_until:
                                 pytest.fail(
-                                    "no moment came where one host streamed a request mid-way and the other "
-                                    f"held some: held { ({w: len(ids) for w, ids in held.items()}) }, tokens "
+                                    "no moment came where a host streamed a request mid-way: "
+                                    f"held { ({w: len(ids) for w, ids in held.items()}) }, tokens "
                                     f"{[reply.num_tokens for reply in replies]}, take-overs logged "
                                     f"{[len(log_events(child, 'request_reclaimed')) for child in workers.values()]}"
                                 )
