@@ -18,6 +18,8 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from api.metrics import pid_alive
+
 SUBNETS = ipaddress.IPv4Network("10.231.0.0/16")  # each host gets one /24 of it
 # A host's namespace and root-side link are named after the test process and the host's label.
 NAMESPACE_NAME = re.compile(r"tc-(\d+)-([a-z])")
@@ -115,26 +117,16 @@ def _make(host: Host, prefixlen: int) -> None:
     ip("-n", host.name, "link", "set", "lo", "up")  # vLLM's front end reaches its engine core over it
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale() -> None:
     """Delete what a run that was killed outright (SIGKILL: no ``finally``) left: the namespaces and links
     named after a process that is gone, with whatever still runs inside them."""
     for name in namespaces():
         found = NAMESPACE_NAME.fullmatch(name)
-        if found and not _alive(int(found[1])):
+        if found and not pid_alive(int(found[1])):
             Host(name=name, link=f"tc{found[1]}{found[2]}", host_ip="", ns_ip="").delete()
     for link in links():
         found = LINK_NAME.fullmatch(link)
-        if found and not _alive(int(found[1])):
+        if found and not pid_alive(int(found[1])):
             ip("link", "del", link, check=False)
 
 
