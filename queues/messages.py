@@ -117,9 +117,27 @@ class OutputEvent:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def dumps(self) -> bytes:
+        """The event's wire form (an output stream entry, an element of a reply-channel batch): the
+        fields that differ from their defaults, so a chunk carries only its position, text and tokens."""
+        if self.type == "chunk":
+            return orjson.dumps(
+                {"rid": self.rid, "seq": self.seq, "type": "chunk", "text": self.text, "token_ids": self.token_ids}
+            )
+        return orjson.dumps(
+            {name: value for name, default in _EVENT_DEFAULTS if (value := getattr(self, name)) != default}
+        )
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> OutputEvent:
         return cls(**raw)
+
+
+# (field, default) of every ``OutputEvent`` field; the required ones never equal the sentinel.
+_EVENT_DEFAULTS: tuple[tuple[str, Any], ...] = tuple(
+    (item.name, item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default)
+    for item in dataclasses.fields(OutputEvent)
+)
 
 
 def lost_event(request_id: str, seq: int) -> OutputEvent:
@@ -136,7 +154,7 @@ def lost_event(request_id: str, seq: int) -> OutputEvent:
 
 
 def dumps_events(events: list[OutputEvent]) -> bytes:
-    return orjson.dumps(events)
+    return b"[" + b",".join(event.dumps() for event in events) + b"]"
 
 
 def loads_events(data: bytes) -> list[OutputEvent]:

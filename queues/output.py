@@ -5,11 +5,16 @@ the stream doubles as an index by sequence number (a replay from ``seq`` is one 
 second write of the same position is refused by Redis itself. Pub/sub is at-most-once and only
 ever a second copy: the API fills gaps from the stream.
 
-Events produced in the same event-loop turn are flushed together: one script call (``queues.fencing``)
-that writes the durable copies and sends one PUBLISH per API instance carrying every chunk of that
-turn, which is what lets one API process take tens of thousands of chunks per second. The script
-writes a request's events only while the writer holds the request's newest fencing token: the
-events of a fenced request are dropped in Redis and the writer reports the request (``on_fenced``).
+Events produced while the previous write is in flight are flushed together: one script call
+(``queues.fencing``) that writes the durable copies and sends one PUBLISH per API instance carrying
+every event of the batch, which is what lets one API process take tens of thousands of chunks per
+second. While a request's newest chunk still waits for that write (the writer is behind), its next
+tokens join it (``unsent_chunk``) instead of taking a position of their own, as vLLM's
+``stream_interval`` coalesces: a pipeline that falls behind the engine sends fewer, larger chunks
+rather than falling further behind. Positions stay gap-free and exact; a chunk's text is the text of
+its tokens. The script writes a request's events only while the writer holds the request's newest
+fencing token: the events of a fenced request are dropped in Redis and the writer reports the
+request (``on_fenced``).
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class OutputWriter:
         self._ttl_s = ttl_s
         self._on_fenced = on_fenced
         self._pending: list[tuple[str, OutputEvent, int]] = []
+        # Per request: its newest event while that is a chunk still in ``_pending``, and its token.
+        self._unsent: dict[str, tuple[OutputEvent, int]] = {}
         self._num_emitted = 0
         self._num_written = 0
         self._wakeup = asyncio.Event()
@@ -70,8 +77,18 @@ class OutputWriter:
         """Queue ``event`` for the API instance ``reply_to``, written only while ``fence`` is the
         request's newest fencing token (0: unfenced)."""
         self._pending.append((reply_to, event, fence))
+        if event.type == "chunk":
+            self._unsent[event.rid] = (event, fence)
+        else:
+            self._unsent.pop(event.rid, None)
         self._num_emitted += 1
         self._wakeup.set()
+
+    def unsent_chunk(self, request_id: str, fence: int = 0) -> OutputEvent | None:
+        """The newest event of ``request_id`` (emitted under ``fence``) if it is a chunk that has not
+        gone to Redis yet: new tokens may be added to it in place (``RequestLifecycle.on_output``)."""
+        unsent = self._unsent.get(request_id)
+        return unsent[0] if unsent is not None and unsent[1] == fence else None
 
     async def flush(self) -> None:
         """Wait until every event emitted so far is in Redis (before an XACK, say)."""
@@ -86,6 +103,7 @@ class OutputWriter:
             if not self._pending:
                 continue
             batch, self._pending = self._pending, []
+            self._unsent.clear()
             try:
                 await self._write(batch)
             except Exception:
@@ -127,7 +145,7 @@ class OutputWriter:
             keys += [self._keys.fence(request_id), self._keys.output(request_id)]
             args += [fence, self._keys.reply_channel(reply_to), len(events)]
             for event in events:
-                args += [event.seq, orjson.dumps(event)]
+                args += [event.seq, event.dumps()]
         fenced = await scripts.run(self._redis, fencing.WRITE_EVENTS, keys, args)
         order = list(requests.items())
         return [(order[int(index) - 1][0], order[int(index) - 1][1][1]) for index in fenced]

@@ -148,18 +148,26 @@ class RequestLifecycle:
         self.num_calls += 1
         return call
 
-    def on_output(self, token_ids: list[int], text: str, *, event: bool = True) -> OutputEvent | None:
+    def on_output(
+        self, token_ids: list[int], text: str, *, event: bool = True, unsent: OutputEvent | None = None
+    ) -> OutputEvent | None:
         """New output of the current call; the chunk event to emit, if there is anything to say.
-        ``event=False``: advance the same, without building the event (the simulator sends nothing)."""
+        ``event=False``: advance the same, without building the event (the simulator sends nothing).
+        ``unsent``: this request's newest chunk, still waiting to be written (``OutputWriter.unsent_chunk``):
+        the output joins it, at its position, and there is nothing new to emit."""
         if not token_ids and not text:
             return None
         if not self.call_tokens:
             # Its prompt no longer takes budget: the next round may admit more.
             self._scheduler.prefilled(self.id)
-        seq = self.seq
-        self.seq += 1
         self.generated += token_ids
         self.call_tokens += len(token_ids)
+        if unsent is not None and unsent.rid == self.id and unsent.seq == self.seq - 1 and unsent.type == "chunk":
+            unsent.token_ids += token_ids
+            unsent.text += text
+            return None
+        seq = self.seq
+        self.seq += 1
         if not event:
             return None
         return OutputEvent(rid=self.id, seq=seq, type="chunk", text=text, token_ids=token_ids)

@@ -580,9 +580,14 @@ class Worker:
                 if prefilling and life.num_calls == 1 and not life.summarising:
                     # What vLLM's prefix cache served of the client's prompt (a chat's earlier turns).
                     self.scheduler.prompt_cached(life.id, delta.num_cached_tokens)
-                event = life.on_output(delta.token_ids, delta.text)
-                if event is not None:
-                    emit(event)
+                if delta.token_ids or delta.text:
+                    # Behind the engine (the last chunk is not written yet): the tokens join that chunk.
+                    unsent = None if prefilling else self._writer.unsent_chunk(life.id, entry.fence)
+                    event = life.on_output(delta.token_ids, delta.text, unsent=unsent)
+                    if event is not None:
+                        emit(event)
+                    else:
+                        self._beats[life.id] = time.monotonic()
                     if prefilling:
                         self._wake.set()  # its prompt left the budget: a round may admit more
                     current = time.monotonic()

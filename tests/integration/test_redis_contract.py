@@ -142,6 +142,40 @@ async def test_output_writer_publishes_live_and_refuses_a_second_write_of_a_posi
     await redis.delete(keys.output("req-writer"))
 
 
+async def test_output_joins_a_chunk_only_until_the_writer_takes_it(redis: aioredis.Redis, router: ReplyRouter) -> None:
+    keys = router._keys
+    writer = OutputWriter(redis, keys, ttl_s=60)
+    writer.start()
+    reader = asyncio.create_task(collect(router, "req-join"))
+    await asyncio.sleep(0.05)
+    first = OutputEvent(rid="req-join", seq=1, type="chunk", text="a", token_ids=[1])
+    writer.emit(API_ID, first, fence=0)
+    # Not written yet: the request's next tokens may join it, under the same delivery's token only
+    # (0 here: unfenced).
+    assert writer.unsent_chunk("req-join", 0) is first
+    assert writer.unsent_chunk("req-join", 4) is None and writer.unsent_chunk("other", 0) is None
+    first.text += "b"
+    first.token_ids += [2]
+    await writer.flush()
+    # Written: what comes next takes a position of its own.
+    assert writer.unsent_chunk("req-join", 0) is None
+    writer.emit(API_ID, OutputEvent(rid="req-join", seq=2, type="chunk", text="c", token_ids=[3]), fence=0)
+    writer.emit(API_ID, OutputEvent(rid="req-join", seq=3, type="final", finish_reason="stop"), fence=0)
+    # The final event is the newest: nothing may join a chunk behind it.
+    assert writer.unsent_chunk("req-join", 0) is None
+    await writer.flush()
+    received = await asyncio.wait_for(reader, timeout=5)
+    await writer.close()
+    stored = await read_output(redis, keys, "req-join", from_seq=1)
+    for events in (received, stored):
+        assert [(event.seq, event.text, event.token_ids) for event in events] == [
+            (1, "ab", [1, 2]),
+            (2, "c", [3]),
+            (3, "", []),
+        ]
+    await redis.delete(keys.output("req-join"))
+
+
 def make_message(request_id: str) -> RequestMessage:
     return RequestMessage(
         id=request_id,

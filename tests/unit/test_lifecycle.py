@@ -116,3 +116,26 @@ def test_min_tokens_count_from_the_original_request() -> None:
     second = life.end_call("length", lambda: ROOMY)
     assert isinstance(second, Continue)
     assert (first.sampling.min_tokens, second.call.sampling.min_tokens) == (256, 44)
+
+
+def test_output_joins_the_unsent_chunk_at_its_position_and_positions_stay_gap_free() -> None:
+    scheduler = TailcutPolicy(SchedulerConfig())
+    life = admitted(scheduler, message(max_tokens=8))
+    life.next_call()
+    first = life.on_output([100], "a")
+    assert first is not None and first.seq == 1
+    # The writer is behind: the next two deltas join the chunk still waiting to be written.
+    assert life.on_output([101], "b", unsent=first) is None
+    assert life.on_output([102, 103], "cd", unsent=first) is None
+    assert (first.seq, first.text, first.token_ids) == (1, "abcd", [100, 101, 102, 103])
+    # Written meanwhile (no unsent chunk): the next output takes the next position.
+    second = life.on_output([104], "e")
+    assert second is not None and second.seq == 2
+    # Only the request's own newest chunk can be joined: an older or another request's one cannot.
+    assert life.on_output([105], "f", unsent=first) is not None
+    assert life.generated == [100, 101, 102, 103, 104, 105]
+    outcome = life.end_call("stop", lambda: ROOMY)
+    assert isinstance(outcome, Finished) and outcome.event.seq == 4 and outcome.event.completion_tokens == 6
+    # A take-over resumes from what the (coalesced) stored events hold.
+    again = resumed(life.message, [first, second])
+    assert again.generated_token_ids == [100, 101, 102, 103, 104] and again.next_seq == 3
