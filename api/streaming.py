@@ -60,7 +60,8 @@ def event_frames(event: OutputEvent, renderer: Renderer, *, ids: bool = True) ->
     """The SSE frames of one event; with ``ids``, the last one carries its position as the SSE id."""
     seq = event.seq if ids else None
     if event.type == "chunk":
-        return [sse(renderer.content(event), seq)]
+        frame = b"data: " + renderer.content_json(event) + b"\n\n"
+        return [frame if seq is None else b"id: %d\n" % seq + frame]
     if event.type == "final":
         if renderer.include_usage:
             return [sse(renderer.finish(event)), sse(renderer.usage_chunk(event), seq)]
@@ -70,6 +71,31 @@ def event_frames(event: OutputEvent, renderer: Renderer, *, ids: bool = True) ->
     if event.type == "degraded":
         return [sse(renderer.notice(event), seq)]
     return []
+
+
+def coalesced(batch: list[OutputEvent]) -> list[OutputEvent]:
+    """``batch`` with each run of consecutive chunks joined into one chunk at the run's last position
+    (texts and token ids in order): a client whose stream fell behind gets one frame for what it
+    missed rather than one per position. The batch's own events are left as they are."""
+    if len(batch) < 2:
+        return batch
+    joined: list[OutputEvent] = []
+    copied = False  # whether joined[-1] is a chunk made here (safe to extend)
+    for event in batch:
+        last = joined[-1] if joined else None
+        if last is None or event.type != "chunk" or last.type != "chunk":
+            joined.append(event)
+            copied = False
+            continue
+        if not copied:
+            last = joined[-1] = OutputEvent(
+                rid=last.rid, seq=last.seq, type="chunk", text=last.text, token_ids=list(last.token_ids)
+            )
+            copied = True
+        last.seq = event.seq
+        last.text += event.text
+        last.token_ids += event.token_ids
+    return joined
 
 
 async def reply_batches(stream: ReplyStream) -> AsyncIterator[list[OutputEvent]]:
@@ -107,7 +133,7 @@ async def event_stream(
                 frames: list[bytes] = []
                 if tracker is not None:
                     tracker.on_batch(batch)
-                for event in batch:
+                for event in coalesced(batch):
                     frames += event_frames(event, renderer, ids=event_ids)
                     finished = finished or event.terminal
                     last_seq = event.seq

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 from pydantic import ValidationError
 
 from api.errors import _describe_validation
-from api.render import ChatRenderer, CompletionRenderer
+from api.render import ChatRenderer, CompletionRenderer, Renderer
+from api.streaming import coalesced, event_frames, sse
 from queues.keys import Keys
 from queues.messages import OutputEvent, RequestMessage, SamplingSpec, dumps_events, loads_events
 from tailcut.errors import ConfigError
@@ -114,6 +116,59 @@ def test_renderers_shape_openai_chunks() -> None:
     assert chat.usage_chunk(final)["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
     whole = CompletionRenderer("r", "m", return_token_ids=False, include_usage=False).whole("hi!", [7, 8], final)
     assert whole["choices"][0] == {"index": 0, "text": "hi!", "logprobs": None, "finish_reason": "stop"}
+
+
+@pytest.mark.parametrize("renderer_kind", [ChatRenderer, CompletionRenderer])
+@pytest.mark.parametrize("include_usage", [True, False])
+@pytest.mark.parametrize("text", ["hi", "", ' "quoted" \\ back', "new\nline\ttab", "é ünï 漢字 🙂", "\x00\x1f"])
+def test_content_frames_from_the_template_are_the_chunks_bytes(
+    renderer_kind: type[Renderer], include_usage: bool, text: str
+) -> None:
+    renderer = renderer_kind("r-1", 'model "x"', return_token_ids=False, include_usage=include_usage)
+    event = OutputEvent(rid="r-1", seq=5, type="chunk", text=text, token_ids=[1, 2])
+    for _ in range(2):  # the template is made on first use, then reused
+        assert renderer.content_json(event) == orjson.dumps(renderer.content(event))
+    assert event_frames(event, renderer) == [sse(renderer.content(event), 5)]
+    assert event_frames(event, renderer, ids=False) == [sse(renderer.content(event))]
+    with_ids = renderer_kind("r-1", "m", return_token_ids=True, include_usage=include_usage)
+    assert orjson.loads(with_ids.content_json(event)) == with_ids.content(event)
+
+
+def test_a_batchs_runs_of_chunks_leave_as_one_chunk_at_the_last_position() -> None:
+    def chunk(seq: int) -> OutputEvent:
+        return OutputEvent(rid="r", seq=seq, type="chunk", text=f"t{seq}", token_ids=[seq])
+
+    notice = OutputEvent(rid="r", seq=3, type="degraded", degraded={"degraded": "summary"})
+    final = OutputEvent(rid="r", seq=6, type="final", finish_reason="stop")
+    batch = [chunk(1), chunk(2), notice, chunk(4), chunk(5), final]
+    joined = coalesced(batch)
+    assert [(event.seq, event.type, event.text, event.token_ids) for event in joined] == [
+        (2, "chunk", "t1t2", [1, 2]),
+        (3, "degraded", "", []),
+        (5, "chunk", "t4t5", [4, 5]),
+        (6, "final", "", []),
+    ]
+    # The batch's own events are untouched (a recorder or the answer cache may hold them).
+    assert [(event.seq, event.text, event.token_ids) for event in batch[:2]] == [(1, "t1", [1]), (2, "t2", [2])]
+    single = [chunk(7)]
+    assert coalesced(single) == single
+
+
+def test_events_travel_without_their_default_fields() -> None:
+    chunk = OutputEvent(rid="r", seq=1, type="chunk", text="hi", token_ids=[7])
+    assert orjson.loads(chunk.dumps()) == {"rid": "r", "seq": 1, "type": "chunk", "text": "hi", "token_ids": [7]}
+    final = OutputEvent(rid="r", seq=2, type="final", finish_reason="stop", prompt_tokens=3, completion_tokens=1)
+    assert orjson.loads(final.dumps()) == {
+        "rid": "r",
+        "seq": 2,
+        "type": "final",
+        "finish_reason": "stop",
+        "prompt_tokens": 3,
+        "completion_tokens": 1,
+    }
+    assert loads_events(dumps_events([chunk, final])) == [chunk, final]
+    # An event written in full (by an earlier version) reads the same.
+    assert OutputEvent.from_dict(orjson.loads(orjson.dumps(final))) == final
 
 
 @pytest.mark.parametrize(
