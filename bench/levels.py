@@ -85,6 +85,28 @@ def steady_chunk_rate(records: Sequence[RequestRecord], *, trim: float = STEADY_
     return float((high - low) / (times[high] - times[low]))
 
 
+def steady_token_rate(records: Sequence[RequestRecord], *, trim: float = STEADY_TRIM) -> float | None:
+    """Output tokens per second over the same steady window as ``steady_chunk_rate``, each chunk weighing
+    its request's tokens spread evenly over its chunks (a server that falls behind sends fewer chunks
+    of several tokens each; tokens are what the engine produced). None with too few chunks to tell."""
+    pairs = sorted(
+        (at, record.output_tokens / (len(record.gaps_ms) + 1))
+        for record in records
+        if record.status == "ok" and record.ttft_ms is not None
+        for at in chunk_times_s(record)
+    )
+    if len(pairs) < 3:
+        return None
+    times = np.array([at for at, _ in pairs])
+    weights = np.cumsum([weight for _, weight in pairs])
+    total = weights[-1]
+    low = int(np.searchsorted(weights, total * trim))
+    high = int(np.searchsorted(weights, total * (1 - trim)))
+    if high <= low or times[high] <= times[low]:
+        return None
+    return float((weights[high] - weights[low]) / (times[high] - times[low]))
+
+
 @dataclass(frozen=True, slots=True)
 class LevelResult:
     """One concurrency level. ``cpu_s``: CPU seconds each process spent during the level."""
@@ -104,6 +126,11 @@ class LevelResult:
     cpu_s: dict[str, float] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     client: ClientKind = "httpx"
+    # Output tokens the clients received (the usage chunks' counts, completed requests only): a chunk
+    # carries several when the server coalesced them.
+    num_tokens: int = 0
+    tokens_per_s: float = 0.0
+    steady_tokens_per_s: float | None = None  # see ``steady_token_rate``
 
     def cpu_share(self, name: str) -> float | None:
         """CPU of one process as a share of one core over the level."""
@@ -111,6 +138,9 @@ class LevelResult:
 
     def cpu_us_per_chunk(self, name: str) -> float | None:
         return self.cpu_s[name] / self.num_chunks * 1e6 if name in self.cpu_s and self.num_chunks else None
+
+    def cpu_us_per_token(self, name: str) -> float | None:
+        return self.cpu_s[name] / self.num_tokens * 1e6 if name in self.cpu_s and self.num_tokens else None
 
     @property
     def others_cpu_share(self) -> float | None:
@@ -125,6 +155,7 @@ class LevelResult:
         data = asdict(self)
         data["cpu_share"] = {name: self.cpu_share(name) for name in self.cpu_s}
         data["cpu_us_per_chunk"] = {name: self.cpu_us_per_chunk(name) for name in self.cpu_s}
+        data["cpu_us_per_token"] = {name: self.cpu_us_per_token(name) for name in self.cpu_s}
         data["others_cpu_share"] = self.others_cpu_share
         data["api_bound_chunks_per_s"] = api_bound_chunks_per_s(self)
         return data
@@ -142,6 +173,7 @@ def summarize_level(
     ok = [record for record in records if record.status == "ok"]
     wrong = [record for record in ok if record.output_tokens != expected_tokens]
     chunks = num_chunks(records)
+    tokens = sum(record.output_tokens for record in ok if record.ttft_ms is not None)
     errors = Counter(record.error or record.status for record in records if record.status != "ok")
     return LevelResult(
         streams=streams,
@@ -159,6 +191,9 @@ def summarize_level(
         cpu_s=dict(cpu_s or {}),
         errors=dict(errors.most_common(5)),
         client=client,
+        num_tokens=tokens,
+        tokens_per_s=tokens / duration_s if duration_s > 0 else 0.0,
+        steady_tokens_per_s=steady_token_rate(records),
     )
 
 
@@ -166,3 +201,9 @@ def api_bound_chunks_per_s(level: LevelResult) -> float | None:
     """The chunk rate the API would reach with a whole core to itself: 1 s ÷ its CPU per chunk."""
     per_chunk_us = level.cpu_us_per_chunk("api")
     return 1e6 / per_chunk_us if per_chunk_us else None
+
+
+def api_bound_tokens_per_s(level: LevelResult) -> float | None:
+    """The token rate the API would reach with a whole core to itself: 1 s ÷ its CPU per token."""
+    per_token_us = level.cpu_us_per_token("api")
+    return 1e6 / per_token_us if per_token_us else None

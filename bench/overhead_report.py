@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.cpu import BUSY_MACHINE_SHARE
-from bench.levels import LevelResult, api_bound_chunks_per_s
+from bench.levels import LevelResult, api_bound_tokens_per_s
 from bench.stats import Summary
 
 if TYPE_CHECKING:
@@ -58,28 +58,29 @@ def latency_table(levels: Sequence[LevelResult], title: str) -> Any:
 def throughput_table(levels: Sequence[LevelResult], ceilings: Sequence[LevelResult]) -> Any:
     from rich.table import Table
 
-    table = Table(title="chunks received per second; CPU per process: share of one core | µs per chunk")
+    table = Table(title="output tokens received per second; CPU per process: share of one core | µs per token")
     table.add_column("client")
-    for column in ("streams", "chunks/s", "steady", *PROCESSES, "others", "API-bound"):
+    for column in ("streams", "tokens/s", "steady", "tokens/chunk", *PROCESSES, "others", "API-bound"):
         table.add_column(column, justify="right")
     rows = [(str(level.streams), level) for level in levels]
     rows += [(f"{level.streams} canned", level) for level in ceilings]
     for label, level in rows:
         cells = []
         for name in PROCESSES:
-            share, per_chunk = level.cpu_share(name), level.cpu_us_per_chunk(name)
+            share, per_token = level.cpu_share(name), level.cpu_us_per_token(name)
             if name == "api" and share is None:
-                share, per_chunk = level.cpu_share("server"), level.cpu_us_per_chunk("server")
-            cells.append("-" if share is None or per_chunk is None else f"{share:.0%} | {per_chunk:.0f}")
+                share, per_token = level.cpu_share("server"), level.cpu_us_per_token("server")
+            cells.append("-" if share is None or per_token is None else f"{share:.0%} | {per_token:.1f}")
         others = level.others_cpu_share
         table.add_row(
             level.client,
             label,
-            _rate(level.chunks_per_s),
-            _rate(level.steady_chunks_per_s),
+            _rate(level.tokens_per_s),
+            _rate(level.steady_tokens_per_s),
+            f"{level.num_tokens / level.num_chunks:.1f}" if level.num_chunks else "-",
             *cells,
             "-" if others is None else f"{others:.0%}" if others < BUSY_MACHINE_SHARE else f"[red]{others:.0%}[/red]",
-            _rate(api_bound_chunks_per_s(level)),
+            _rate(api_bound_tokens_per_s(level)),
         )
     return table
 
@@ -97,9 +98,11 @@ def print_report(console: Any, report: OverheadReport) -> None:
     console.print(latency_table(report.levels, "latency (ms): TTFT = tailcut's added latency before the first token"))
     console.print(throughput_table(report.levels, report.client_ceilings))
     console.print(
-        "client httpx: bench.client (parses every event); raw: counts chunks on the wire. steady: chunks/s between "
-        "the 10th and 90th percentile chunk (ramp left out). others: CPU of processes outside the benchmark. "
-        "API-bound: 1 s ÷ the API's CPU per chunk, the rate one API process would reach with a core of its own."
+        "client httpx: bench.client (parses every event); raw: counts chunks on the wire and reads the token "
+        "count from the usage chunk. steady: tokens/s between the 10th and 90th percentile of tokens received "
+        "(ramp left out). tokens/chunk: above 1 where tailcut coalesced a stream that fell behind (the canned "
+        "server sends one per chunk). others: CPU of processes outside the benchmark. API-bound: 1 s ÷ the API's "
+        "CPU per token, the rate one API process would reach with a core of its own."
         + (
             " 'canned': the client against a canned SSE server (its own ceiling; the api column is that server)."
             if report.client_ceilings

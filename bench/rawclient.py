@@ -11,6 +11,7 @@ the client's own ceiling.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
@@ -27,6 +28,11 @@ T = TypeVar("T")
 RAW_CONTENT_MARK = b'"finish_reason":null'
 # How a streamed reply ends on the wire: the [DONE] event, then the last chunk of chunked encoding.
 RAW_END = b"data: [DONE]\n\n\r\n0\r\n\r\n"
+# The usage chunk's output token count follows this, in the reply's last bytes.
+RAW_USAGE_MARK = b'"completion_tokens":'
+DIGITS = re.compile(rb"\d+")
+# Bytes of the reply kept from one read to the next: the end mark and the usage chunk before it.
+RAW_TAIL_BYTES = 512
 RAW_READ_BYTES = 1 << 16
 RAW_OK = b"HTTP/1.1 200"
 
@@ -35,14 +41,26 @@ class RawReplyError(Exception):
     """The reply was not a 200 event stream, or the connection ended early (the connection is dropped)."""
 
 
+def usage_tokens(tail: bytes) -> int | None:
+    """``completion_tokens`` of the usage chunk in ``tail`` (the reply's last bytes), None without one."""
+    at = tail.rfind(RAW_USAGE_MARK)
+    if at < 0:
+        return None
+    digits = DIGITS.match(tail, at + len(RAW_USAGE_MARK))
+    return int(digits.group()) if digits else None
+
+
 async def raw_send(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes, timeline: Timeline
-) -> int:
-    """Send one prepared request on a keep-alive connection and time its reply; returns its content chunks.
+) -> tuple[int, int | None]:
+    """Send one prepared request on a keep-alive connection and time its reply; returns its content chunks
+    and its output tokens (from the usage chunk; None without one).
 
     Every chunk of one socket read gets that read's time (as ``bench.client`` stamps every line of a read).
-    No event is parsed: chunks are counted by ``RAW_CONTENT_MARK``, the end found by ``RAW_END``, so the
-    client spends a few microseconds per chunk where the httpx client spends about a hundred.
+    No event is parsed: chunks are counted by ``RAW_CONTENT_MARK``, the end found by ``RAW_END`` and the
+    token count read from the last bytes, so the client spends a few microseconds per chunk where the
+    httpx client spends about a hundred. A chunk may carry several tokens (a server that fell behind
+    coalesces them, as vLLM's ``stream_interval`` does): tokens are what the usage chunk says.
     """
     writer.write(request)
     count_tail = end_tail = b""
@@ -69,8 +87,8 @@ async def raw_send(
         ended = end_tail + data
         if ended.endswith(RAW_END):
             timeline.on_final(at_s)
-            return num_chunks
-        end_tail = ended[-len(RAW_END) :]
+            return num_chunks, usage_tokens(ended)
+        end_tail = ended[-RAW_TAIL_BYTES:]
 
 
 def raw_request(host: str, body: bytes, arrival: Arrival) -> bytes:
@@ -111,8 +129,8 @@ async def run_raw_closed_loop(
                     async with asyncio.timeout(deadline_s - timeline.sent_s):
                         if connection is None:
                             connection = await asyncio.open_connection(host, int(port))
-                        await raw_send(*connection, raw_request(host_port, body, arrival), timeline)
-                    records.append(timeline.record(arrival, origin_s=origin_s))
+                        _chunks, tokens = await raw_send(*connection, raw_request(host_port, body, arrival), timeline)
+                    records.append(timeline.record(arrival, origin_s=origin_s, output_tokens=tokens))
                 except (RawReplyError, OSError, TimeoutError) as exc:
                     error = "timeout" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
                     records.append(timeline.record(arrival, origin_s=origin_s, status="error", error=error))

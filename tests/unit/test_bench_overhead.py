@@ -29,6 +29,7 @@ from bench.levels import (
     fixed_workload,
     num_chunks,
     steady_chunk_rate,
+    steady_token_rate,
     summarize_level,
 )
 from bench.overhead import check_targets, parse_streams
@@ -138,27 +139,47 @@ def test_summarize_level_counts_outcomes_lengths_rates_and_cpu() -> None:
     assert data["cpu_share"]["api"] == pytest.approx(0.25) and data["others_cpu_share"] == pytest.approx(0.375)
 
 
-def test_targets_are_checked_per_client() -> None:
-    def level(streams: int, client: ClientKind, ttft_ms: float, spacing_s: float) -> LevelResult:
-        # 50 requests of 64 chunks, each all at once, ``spacing_s`` apart: about 64 / spacing_s chunks/s.
+def test_targets_compare_the_raw_client_with_the_canned_server() -> None:
+    def level(streams: int, client: ClientKind, ttft_ms: float, spacing_s: float, cpu_s: float = 0.0) -> LevelResult:
+        # 50 requests of 64 tokens in 8 chunks, each all at once, ``spacing_s`` apart: about 64 / spacing_s
+        # tokens/s.
         records = [
-            record(index, sent_s=index * spacing_s, ttft_ms=ttft_ms, gaps_ms=[0.0] * 63, output_tokens=64)
+            record(index, sent_s=index * spacing_s, ttft_ms=ttft_ms, gaps_ms=[0.0] * 7, output_tokens=64)
             for index in range(50)
         ]
-        return summarize_level(streams, records, 1.0, expected_tokens=64, client=client)
+        cpu = {"api": cpu_s, "worker": 2 * cpu_s}
+        return summarize_level(streams, records, 1.0, expected_tokens=64, client=client, cpu_s=cpu)
 
-    levels = [level(1, "httpx", 3.0, 0.01), level(200, "httpx", 50.0, 0.01), level(1, "raw", 1.0, 0.01)]
-    levels.append(level(200, "raw", 20.0, 0.001))
-    checks = {check.name: check for check in check_targets(levels)}
+    # 3,200 tokens in all: 0.016 s of API CPU is 5 µs per token, the worker's 10 µs.
+    levels = [level(1, "httpx", 3.0, 0.01), level(1, "raw", 1.5, 0.01), level(200, "raw", 20.0, 0.002, 0.016)]
+    levels.append(level(1000, "raw", 90.0, 0.001, 0.1))
+    canned = [level(1, "raw", 0.4, 0.01), level(200, "raw", 5.0, 0.001), level(1000, "raw", 5.0, 0.001)]
+    checks = {check.name: check for check in check_targets(levels, canned)}
 
-    assert not checks["P50 TTFT at 1 stream (ms), httpx client"].met
-    assert checks["P50 TTFT at 1 stream (ms), raw client"].met
-    assert checks["P50 TTFT at 1 stream (ms), raw client"].value == pytest.approx(1.0)
-    assert not checks["chunks/s at 200 streams (steady), httpx client"].met
-    assert checks["chunks/s at 200 streams (steady), raw client"].met
-    # With engine steps the first token waits for a step: no TTFT target.
-    stepped = [check.name for check in check_targets(levels, step_ms=10.0)]
-    assert stepped == ["chunks/s at 200 streams (steady), httpx client", "chunks/s at 200 streams (steady), raw client"]
+    ttft = checks["P50 TTFT at 1 stream above the canned server's (ms)"]
+    assert ttft.value == pytest.approx(1.1) and not ttft.met
+    # At 200 streams (not the highest level): half the canned server's token rate, just met.
+    share = checks["tokens/s at 200 streams (steady) ÷ the canned server's"]
+    assert share.value == pytest.approx(0.5, rel=0.05)
+    assert checks["api CPU per token at 200 streams (µs)"].value == pytest.approx(5.0)
+    assert checks["api CPU per token at 200 streams (µs)"].met
+    assert checks["worker CPU per token at 200 streams (µs)"].value == pytest.approx(10.0)
+    # Tokens count, not chunks: the same level's chunks are an eighth of its tokens.
+    assert levels[2].num_tokens == 8 * levels[2].num_chunks == 3200
+    # With engine steps the first token waits for a step: no TTFT target; without canned levels, no share.
+    stepped = [check.name for check in check_targets(levels, canned, step_ms=10.0)]
+    assert "P50 TTFT at 1 stream above the canned server's (ms)" not in stepped
+    alone = [check.name for check in check_targets(levels)]
+    assert alone == ["api CPU per token at 200 streams (µs)", "worker CPU per token at 200 streams (µs)"]
+
+
+def test_steady_token_rate_weighs_each_chunk_by_its_tokens() -> None:
+    # 1,000 requests of 4 tokens, 1 ms apart: in two chunks (2 tokens each) or in one.
+    two = [record(index, sent_s=index / 1000, ttft_ms=0.0, gaps_ms=[0.0], output_tokens=4) for index in range(1000)]
+    one = [record(index, sent_s=index / 1000, ttft_ms=0.0, gaps_ms=[], output_tokens=4) for index in range(1000)]
+    assert steady_token_rate(two) == pytest.approx(4000.0, rel=0.01)
+    assert steady_token_rate(one) == pytest.approx(4000.0, rel=0.01)
+    assert steady_chunk_rate(two) == pytest.approx(2 * steady_chunk_rate(one), rel=0.01)  # type: ignore[operator]
 
 
 def test_cpu_accounting_reads_proc() -> None:
@@ -202,13 +223,21 @@ async def test_raw_client_counts_every_content_chunk_however_the_reply_is_split(
             await asyncio.sleep(0)
 
     feeding = asyncio.create_task(feed())
-    count = await raw_send(reader, writer, b"POST / HTTP/1.1\r\n\r\n", timeline)  # type: ignore[arg-type]
+    count, tokens = await raw_send(reader, writer, b"POST / HTTP/1.1\r\n\r\n", timeline)  # type: ignore[arg-type]
     await feeding
 
     assert count == 5 and len(timeline.content_s) == 5 and timeline.final_s is not None
+    assert tokens == 5  # from the usage chunk
     assert writer.sent == [b"POST / HTTP/1.1\r\n\r\n"]
     reader.feed_eof()
     assert await reader.read() == b""  # the whole reply was read, and nothing past it
+
+
+def test_raw_client_takes_the_token_count_from_the_usage_chunk_not_the_frames() -> None:
+    # Three frames carrying seven tokens (a server that fell behind coalesced them).
+    reply = b"".join(canned_frames(3)).replace(b'"completion_tokens":3', b'"completion_tokens":7')
+    assert rawclient.usage_tokens(reply[-rawclient.RAW_TAIL_BYTES :]) == 7
+    assert rawclient.usage_tokens(b"data: [DONE]\n\n") is None
 
 
 async def test_raw_client_reports_a_refusal_and_an_early_close() -> None:
@@ -315,16 +344,24 @@ def test_overhead_command_measures_a_real_stack(tiny_model: Path, tmp_path: Path
     ]
     for level in levels:
         assert level["num_requests"] == level["num_ok"] == 12, level["errors"]
-        assert level["num_wrong_length"] == 0 and level["num_chunks"] == 12 * 8
+        # Every token arrives; a stream that fell behind gets several in one chunk.
+        assert level["num_wrong_length"] == 0 and level["num_tokens"] == 12 * 8
+        assert 12 <= level["num_chunks"] <= 12 * 8
         assert level["ttft_ms"]["count"] == 12 and level["ttft_ms"]["p50"] > 0
         assert level["e2e_ms"]["p99"] >= level["ttft_ms"]["p99"]
         assert level["chunks_per_s"] > 0
         assert {"api", "worker", "redis", "client", cpu.MACHINE} <= set(level["cpu_s"])
-    assert [ceiling["client"] for ceiling in report["client_ceilings"]] == ["httpx", "raw"]
+    assert [(ceiling["client"], ceiling["streams"]) for ceiling in report["client_ceilings"]] == [
+        ("raw", 1),
+        ("raw", 4),
+        ("httpx", 4),
+    ]
     assert all(ceiling["num_ok"] == 12 for ceiling in report["client_ceilings"])
-    assert {check["name"] for check in report["targets"]} >= {
-        "P50 TTFT at 1 stream (ms), httpx client",
-        "chunks/s at 4 streams (steady), raw client",
+    assert {check["name"] for check in report["targets"]} == {
+        "P50 TTFT at 1 stream above the canned server's (ms)",
+        "tokens/s at 4 streams (steady) ÷ the canned server's",
+        "api CPU per token at 4 streams (µs)",
+        "worker CPU per token at 4 streams (µs)",
     }
     assert (out / "overhead_latency.png").stat().st_size > 0
     assert {"api.log", "worker.log"} <= {path.name for path in (out / "logs").iterdir()}
