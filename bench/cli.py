@@ -329,7 +329,7 @@ def _add_overhead_parser(bench_sub: argparse._SubParsersAction[argparse.Argument
         "benchmark client and with a raw one that only counts chunks: TTFT is the latency tailcut adds, the chunk "
         "rate at the highest level is what one API process sustains. Prints CPU per process and per chunk.",
     )
-    overhead.add_argument("--streams", default="1,50,200", help="concurrency levels, comma-separated")
+    overhead.add_argument("--streams", help="concurrency levels, comma-separated (default: 1,50,200,1000)")
     overhead.add_argument("--tokens", type=int, default=64, help="output tokens (= chunks) per request")
     overhead.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, default=16, help="prompt tokens")
     overhead.add_argument(

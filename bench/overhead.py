@@ -331,7 +331,7 @@ def command(args: Any) -> None:
     from tailcut.models import prepare_tiny, resolve_model
     from tailcut.settings import CommonSettings
 
-    streams = parse_streams(args.streams)
+    streams = parse_streams(args.streams) if args.streams else list(DEFAULT_STREAMS)
     if args.tokens < 2 or args.prompt_tokens < 1:
         raise FatalError("--tokens must be at least 2 (gaps need two chunks) and --prompt-tokens at least 1")
     if args.step_ms < 0:

@@ -20,6 +20,7 @@ from bench import loadgen
 from bench.client import TENANT_HEADER, TIER_HEADER, Timeline, completion_body
 from bench.stats import RequestRecord
 from bench.workloads import Arrival
+from tailcut import aio
 
 T = TypeVar("T")
 
@@ -213,9 +214,4 @@ def serve_canned(port: int, num_chunks: int) -> None:
 
 def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run on uvloop where installed (it comes with uvicorn[standard]): the client's ceiling is higher."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coroutine)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coroutine)
+    return aio.run(coroutine)

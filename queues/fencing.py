@@ -10,21 +10,24 @@ means unfenced (a writer outside any delivery, such as a test standing in for a 
 
 from __future__ import annotations
 
-# Writes a batch of events of several requests. KEYS: fence_1, out_1, fence_2, out_2, ...
-# ARGV: ttl_s, n_requests, then per request: token, channel, n_events, (seq, payload) * n_events.
-# Returns the indices (1-based) of the fenced requests. Durable copy first, then one PUBLISH per
-# channel with the events of the requests that were not fenced, as a JSON list.
+# Writes a batch of events of several requests. KEYS: fence_1, out_1, stream_1, fence_2, ...
+# ARGV: ttl_s, n_requests, group, then per request: token, channel, entry id to acknowledge ('' for
+# none), n_events, (seq, payload) * n_events. Returns the indices (1-based) of the fenced requests.
+# Durable copy first, then one PUBLISH per channel with the events of the requests that were not
+# fenced, as a JSON list. A request that ends in this batch has its intake entry acknowledged and
+# deleted, and its token dropped, in the same step as its final event is written (as ACK below).
 WRITE_EVENTS = """
 local ttl = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
-local pos = 3
+local group = ARGV[3]
+local pos = 4
 local fenced = {}
 local channels = {}
 local order = {}
 for i = 1, n do
-  local fence_key, out_key = KEYS[2 * i - 1], KEYS[2 * i]
-  local token, channel, count = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2])
-  pos = pos + 3
+  local fence_key, out_key, stream = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local token, channel, ack_id, count = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], tonumber(ARGV[pos + 3])
+  pos = pos + 4
   if token ~= '0' and redis.call('GET', fence_key) ~= token then
     fenced[#fenced + 1] = i
     pos = pos + 2 * count
@@ -42,6 +45,11 @@ for i = 1, n do
       pos = pos + 2
     end
     redis.call('EXPIRE', out_key, ttl)
+    if ack_id ~= '' then
+      redis.call('XACK', stream, group, ack_id)
+      redis.call('XDEL', stream, ack_id)
+      redis.call('DEL', fence_key)
+    end
   end
 end
 for _, channel in ipairs(order) do

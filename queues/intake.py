@@ -42,6 +42,9 @@ class IntakeEntry:
     delivery_count: int = 1
     # This delivery's fencing token (0: unfenced, an entry outside any delivery).
     fence: int = 0
+    # A cancel tombstone named the request when it was delivered (its client left, or the API withdrew
+    # it): it is answered ``cancelled`` without running.
+    cancelled: bool = False
 
 
 async def ensure_groups(redis: aioredis.Redis, keys: Keys) -> None:
@@ -150,16 +153,20 @@ async def read(
 
 async def fence(redis: aioredis.Redis, keys: Keys, entries: Sequence[IntakeEntry]) -> None:
     """Give each freshly delivered entry the request's next fencing token: from now on the holder of
-    any earlier token can no longer write the request's output or acknowledge its entry."""
+    any earlier token can no longer write the request's output or acknowledge its entry. The same
+    round trip tells whether a cancel tombstone names the request (``IntakeEntry.cancelled``); a cancel
+    sent after it reaches the worker over the cancel channel."""
     if not entries:
         return
     async with redis.pipeline(transaction=False) as pipe:
         for entry in entries:
             pipe.incr(keys.fence(entry.message.id))
             pipe.expire(keys.fence(entry.message.id), FENCE_TTL_S)
+            pipe.exists(keys.cancelled(entry.message.id))
         replies = await pipe.execute()
-    for entry, token in zip(entries, replies[::2], strict=True):
+    for entry, token, cancelled in zip(entries, replies[::3], replies[2::3], strict=True):
         entry.fence = int(token)
+        entry.cancelled = bool(cancelled)
 
 
 async def ack(redis: aioredis.Redis, keys: Keys, entry: IntakeEntry) -> bool:

@@ -28,11 +28,15 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from queues import fencing, scripts
-from queues.keys import Keys
+from queues.keys import WORKER_GROUP, Keys
 from queues.messages import OutputEvent, lost_event
 
 EVENT_FIELD = b"e"
 log = logging.getLogger("tailcut.output")
+
+
+# An intake entry to acknowledge with a request's terminal event: (stream, entry id).
+Ack = tuple[str, str]
 
 
 def stream_id(seq: int) -> str:
@@ -53,7 +57,7 @@ class OutputWriter:
         self._keys = keys
         self._ttl_s = ttl_s
         self._on_fenced = on_fenced
-        self._pending: list[tuple[str, OutputEvent, int]] = []
+        self._pending: list[tuple[str, OutputEvent, int, Ack | None]] = []
         # Per request: its newest event while that is a chunk still in ``_pending``, and its token.
         self._unsent: dict[str, tuple[OutputEvent, int]] = {}
         self._num_emitted = 0
@@ -73,10 +77,12 @@ class OutputWriter:
         if self._task is not None:
             await self._task
 
-    def emit(self, reply_to: str, event: OutputEvent, *, fence: int = 0) -> None:
+    def emit(self, reply_to: str, event: OutputEvent, *, fence: int = 0, ack: Ack | None = None) -> None:
         """Queue ``event`` for the API instance ``reply_to``, written only while ``fence`` is the
-        request's newest fencing token (0: unfenced)."""
-        self._pending.append((reply_to, event, fence))
+        request's newest fencing token (0: unfenced). ``ack``: the request's intake entry, acknowledged
+        and deleted in the same step as this (its terminal) event is written, saving the round trip
+        of ``intake.ack``; a fenced request's is not (``on_fenced`` says so)."""
+        self._pending.append((reply_to, event, fence, ack))
         if event.type == "chunk":
             self._unsent[event.rid] = (event, fence)
         else:
@@ -114,7 +120,7 @@ class OutputWriter:
             async with self._written:
                 self._written.notify_all()
 
-    async def _write(self, batch: list[tuple[str, OutputEvent, int]]) -> None:
+    async def _write(self, batch: list[tuple[str, OutputEvent, int, Ack | None]]) -> None:
         delay_s = 0.05
         while True:
             try:
@@ -129,21 +135,24 @@ class OutputWriter:
             if self._on_fenced is not None:
                 self._on_fenced(request_id, fence)
 
-    async def _write_once(self, batch: list[tuple[str, OutputEvent, int]]) -> list[tuple[str, int]]:
+    async def _write_once(self, batch: list[tuple[str, OutputEvent, int, Ack | None]]) -> list[tuple[str, int]]:
         """One script call for the batch; (request id, token) of the requests whose events were refused."""
-        # Per request, in first-seen order: its channel, token and events (a request has one of each).
-        requests: dict[str, tuple[str, int, list[OutputEvent]]] = {}
-        for reply_to, event, fence in batch:
+        # Per request, in first-seen order: its channel, token, events and entry to acknowledge (a
+        # request has one channel and token; the ack comes with its last event).
+        requests: dict[str, tuple[str, int, list[OutputEvent], list[Ack]]] = {}
+        for reply_to, event, fence, ack in batch:
             entry = requests.get(event.rid)
             if entry is None:
-                requests[event.rid] = (reply_to, fence, [event])
-            else:
-                entry[2].append(event)
+                entry = requests[event.rid] = (reply_to, fence, [], [])
+            entry[2].append(event)
+            if ack is not None:
+                entry[3].append(ack)
         keys: list[str] = []
-        args: list[str | int | bytes] = [self._ttl_s, len(requests)]
-        for request_id, (reply_to, fence, events) in requests.items():
-            keys += [self._keys.fence(request_id), self._keys.output(request_id)]
-            args += [fence, self._keys.reply_channel(reply_to), len(events)]
+        args: list[str | int | bytes] = [self._ttl_s, len(requests), WORKER_GROUP]
+        for request_id, (reply_to, fence, events, acks) in requests.items():
+            stream, entry_id = acks[-1] if acks else (self._keys.output(request_id), "")
+            keys += [self._keys.fence(request_id), self._keys.output(request_id), stream]
+            args += [fence, self._keys.reply_channel(reply_to), entry_id, len(events)]
             for event in events:
                 args += [event.seq, event.dumps()]
         fenced = await scripts.run(self._redis, fencing.WRITE_EVENTS, keys, args)

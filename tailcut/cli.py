@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.metadata
 import os
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from tailcut import jobs_cli, keys_cli, logs
+from tailcut import aio, jobs_cli, keys_cli, logs
 from tailcut.errors import ConfigError, TailcutError
 
 # Sub-commands that other distributions (or tailcut's own extras) add: `bench = "bench.cli:add_parser"`.
@@ -39,7 +38,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     settings = WorkerSettings(**_overrides(args, ["model", "redis_url"]))  # type: ignore[arg-type]
     logs.configure(settings.log_format)
-    asyncio.run(serve(settings))
+    aio.run(serve(settings))
 
 
 def cmd_up(args: argparse.Namespace) -> None:

@@ -17,7 +17,8 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -52,10 +53,18 @@ BACKLOG_PROBE_S = 0.1
 # How often a worker reads the shared circuit breakers.
 BREAKER_REFRESH_S = 1.0
 HELPERS_STOP_S = 5.0
+# How long a cancel for a request not (yet) held here is remembered: longer than any read's round trip.
+CANCELS_HEARD_S = 30.0
 # On stop, how long requests handed back at the end of the drain may take to write their continuation.
 HAND_BACK_S = 5.0
 # On stop, how long the output writer may try to write what it holds (Redis may be down).
 WRITER_CLOSE_S = 5.0
+
+
+class Emit(Protocol):
+    """Writes one event of the request being served (``ack``: with its intake entry's acknowledgement)."""
+
+    def __call__(self, event: OutputEvent, *, ack: bool = False) -> None: ...
 
 
 def now_ms() -> int:
@@ -81,7 +90,12 @@ class Worker:
         self._redis = redis
         self._blocking = blocking_redis
         self._keys = Keys(settings.key_prefix)
-        self._writer = OutputWriter(redis, self._keys, ttl_s=settings.output_ttl_s, on_fenced=self._fenced_out)
+        # The output writer sends one script call at a time: a connection of its own (taken from the pool
+        # once) spares every write the pool's checkout, its lock and its liveness probe of the socket.
+        self._writer_redis = aioredis.Redis(connection_pool=redis.connection_pool, single_connection_client=True)
+        self._writer = OutputWriter(
+            self._writer_redis, self._keys, ttl_s=settings.output_ttl_s, on_fenced=self._fenced_out
+        )
         self.scheduler = make_scheduler(settings.scheduler_config())
         self._entries: dict[str, IntakeEntry] = {}  # every entry held: waiting here or running
         self._tasks: dict[str, asyncio.Task[None]] = {}  # running requests
@@ -91,6 +105,9 @@ class Worker:
         self._first_chunk_ms: dict[str, int] = {}  # epoch ms of the first chunk, when this delivery sent it
         self.breakers = Breakers(redis, self._keys, settings.breaker_config(), events=self._event)
         self._cancel_requested: set[str] = set()
+        # Cancels heard for requests this worker held no entry of, by time.monotonic(): one read from
+        # Redis but not yet accepted here when its cancel came (``_accept`` looks here).
+        self._cancels_heard: dict[str, float] = {}
         self._preempting: set[str] = set()
         # (request id, fencing token) of deliveries a newer delivery has taken from this worker.
         self._fenced: set[tuple[str, int]] = set()
@@ -287,6 +304,9 @@ class Worker:
                 # Redis does not answer. Nothing unwritten was acknowledged: whoever takes the entries
                 # over resumes them from what is in Redis.
                 log_event(log, "output_not_written_at_stop", logging.WARNING, worker=self.worker_id)
+            with contextlib.suppress(RedisError, TimeoutError):
+                async with asyncio.timeout(WRITER_CLOSE_S):
+                    await self._writer_redis.aclose()
             await self.breakers.close()
             with contextlib.suppress(RedisError):
                 # Gone, not merely late: whatever it left pending is taken over at once.
@@ -347,11 +367,14 @@ class Worker:
         return self.scheduler.num_waiting == 0 and len(self._tasks) < self.running_capacity
 
     async def _take(self, streams: list[str], rooms: dict[str, int]) -> list[IntakeEntry]:
-        taken: list[IntakeEntry] = []
+        """What ``streams`` hold, each stream at most its room: one XREADGROUP for the streams that have
+        the same room (a tier's streams do), so an idle worker's read is one round trip, not one per stream."""
+        by_room: dict[int, list[str]] = {}
         for stream in streams:
-            taken += await intake.read(
-                self._redis, self._keys, self.worker_id, [stream], count=rooms[stream], block_ms=None
-            )
+            by_room.setdefault(rooms[stream], []).append(stream)
+        taken: list[IntakeEntry] = []
+        for room, together in by_room.items():
+            taken += await intake.read(self._redis, self._keys, self.worker_id, together, count=room, block_ms=None)
         return taken
 
     async def _take_blocking(self, streams: list[str], *, short: bool = False) -> list[IntakeEntry]:
@@ -359,6 +382,9 @@ class Worker:
         return await intake.read(self._blocking, self._keys, self.worker_id, streams, count=1, block_ms=block_ms)
 
     def _accept(self, entry: IntakeEntry) -> None:
+        if self._cancels_heard.pop(entry.message.id, None) is not None:
+            # Its cancel came while the read that brought it was still on its way here.
+            entry.cancelled = True
         self.accepted.append((entry.message.id, time.monotonic()))
         self._entries[entry.message.id] = entry
         self.scheduler.add(SchedRequest.of(entry.message))
@@ -434,15 +460,20 @@ class Worker:
         self._lives[message.id] = life
         started_ms = now_ms()
         outcome = "final"
+        acked = False  # the final event carries the entry's acknowledgement
 
-        def emit(event: OutputEvent) -> None:
-            self._writer.emit(message.reply_to, event, fence=entry.fence)
+        def emit(event: OutputEvent, *, ack: bool = False) -> None:
+            nonlocal acked
+            acked = acked or ack
+            self._writer.emit(
+                message.reply_to, event, fence=entry.fence, ack=(entry.stream, entry.entry_id) if ack else None
+            )
             self._beats[message.id] = time.monotonic()
             if event.type == "chunk" and event.seq == 1:
                 self._first_chunk_ms[message.id] = now_ms()
 
         try:
-            if await self._redis.exists(self._keys.cancelled(message.id)):
+            if entry.cancelled:
                 outcome = "cancelled"
                 emit(life.error("cancelled", "the client cancelled the request"))
                 return
@@ -512,27 +543,25 @@ class Worker:
                 self._beats.pop(message.id, None)
                 self._degrading.pop(message.id, None)
             first_chunk_ms = self._first_chunk_ms.pop(message.id, None)
-            await self._finish(entry, outcome, started_ms, request)
+            await self._finish(entry, outcome, started_ms, request, acked=acked)
             if outcome in ("final", "degraded") and self.scheduler.degrades:
                 await self._record_latency(message, first_chunk_ms)
 
-    async def _decode(self, entry: IntakeEntry, life: RequestLifecycle, emit: Callable[[OutputEvent], None]) -> str:
+    async def _decode(self, entry: IntakeEntry, life: RequestLifecycle, emit: Emit) -> str:
         """Full decoding, slice by slice, until the request finishes or yields; returns the outcome."""
         call = life.next_call()
         while True:
             finish_reason = await self._run_call(entry, life, call, emit)
             next_step = life.end_call(finish_reason, self.view)
             if isinstance(next_step, Finished):
-                emit(next_step.event)
+                emit(next_step.event, ack=True)
                 return "final"
             if isinstance(next_step, Yield):
                 self.num_yielded += 1
                 return "yielded" if await self._requeue(entry, next_step.message) else "fenced"
             call = next_step.call
 
-    async def _summarise(
-        self, entry: IntakeEntry, life: RequestLifecycle, emit: Callable[[OutputEvent], None], gap_ms: int
-    ) -> str:
+    async def _summarise(self, entry: IntakeEntry, life: RequestLifecycle, emit: Emit, gap_ms: int) -> str:
         """Finish the request with a bounded summary of its prompt and its text so far, produced by the
         engine and streamed as the rest of the response, marked degraded."""
         assert self._prompter is not None  # the watchdog degrades nothing without one
@@ -555,9 +584,7 @@ class Worker:
         emit(outcome.event)
         return "degraded"
 
-    async def _run_call(
-        self, entry: IntakeEntry, life: RequestLifecycle, call: EngineCall, emit: Callable[[OutputEvent], None]
-    ) -> str | None:
+    async def _run_call(self, entry: IntakeEntry, life: RequestLifecycle, call: EngineCall, emit: Emit) -> str | None:
         """One engine call: stream its output as events; returns its finish reason."""
         finish_reason: str | None = None
         self.num_engine_calls += 1
@@ -703,9 +730,15 @@ class Worker:
         log_event(log, "request_fenced", logging.WARNING, rid=request_id, fence=fence)
 
     async def _finish(
-        self, entry: IntakeEntry, outcome: str, started_ms: int, request: SchedRequest | None = None
+        self,
+        entry: IntakeEntry,
+        outcome: str,
+        started_ms: int,
+        request: SchedRequest | None = None,
+        *,
+        acked: bool = False,
     ) -> None:
-        """Acknowledge (unless handed on) and forget the request.
+        """Acknowledge (unless handed on, or ``acked`` with the final event) and forget the request.
 
         A continuation keeps the request id, and may already be read back and running here by the
         time this runs: only this run's own entry, task and scheduler slot are dropped.
@@ -715,9 +748,8 @@ class Worker:
             await self._writer.flush()
             if (message.id, entry.fence) in self._fenced:
                 outcome = "fenced"
-            if outcome not in ("expired", "abandoned", "yielded", "preempted", "fenced") and not await intake.ack(
-                self._redis, self._keys, entry
-            ):
+            handed_on = outcome in ("expired", "abandoned", "yielded", "preempted", "fenced")
+            if not handed_on and not acked and not await intake.ack(self._redis, self._keys, entry):
                 outcome = "fenced"
         except RedisError as exc:
             # Left pending: it will be redelivered, and its written positions are de-duplicated.
@@ -887,7 +919,10 @@ class Worker:
             task.cancel()
             return True
         entry = self._entries.get(request_id)
-        if entry is None or self.scheduler.remove(request_id) is None:
+        if entry is None:
+            self._remember_cancel(request_id)
+            return False
+        if self.scheduler.remove(request_id) is None:
             return False
         self._writer.emit(
             entry.message.reply_to,
@@ -896,6 +931,15 @@ class Worker:
         )
         await self._finish(entry, "cancelled", now_ms())
         return True
+
+    def _remember_cancel(self, request_id: str) -> None:
+        """A cancel for a request not held here: kept ``CANCELS_HEARD_S`` in case its entry is on its
+        way (read, the reply not handled yet); the tombstone covers any later read."""
+        now = time.monotonic()
+        heard = self._cancels_heard
+        while heard and (len(heard) >= SERVED_IDS_KEPT or now - next(iter(heard.values())) > CANCELS_HEARD_S):
+            del heard[next(iter(heard))]
+        heard[request_id] = now
 
     async def _reclaim_loop(self) -> None:
         """Take over the entries of dead workers: at once from a worker whose heartbeat stopped, and

@@ -228,6 +228,54 @@ async def test_ack_deletes_the_entry_and_clears_the_pending_list(redis: aioredis
     await redis.delete(*keys.intake_all())
 
 
+async def test_the_final_event_carries_the_acknowledgement_unless_fenced(redis: aioredis.Redis) -> None:
+    """A request's final event and its entry's acknowledgement go to Redis in one step: the entry is
+    acknowledged, deleted and its token dropped once the final event is written; a former owner's
+    final event (another delivery holds the request) acknowledges nothing."""
+    keys = Keys(unique_prefix())
+    await intake.ensure_groups(redis, keys)
+    stream = keys.intake("realtime", "short")
+    for request_id in ("acked", "taken-over"):
+        await intake.enqueue(redis, keys, make_message(request_id))
+    acked, stale = await intake.read(redis, keys, "w1", [stream], count=10, block_ms=None)
+    # Worker w2 takes the second entry over (w1 looked dead): a newer delivery, a newer token.
+    await redis.xclaim(stream, "workers", "w2", min_idle_time=0, message_ids=[stale.entry_id])
+    newer = intake.IntakeEntry(stream=stream, entry_id=stale.entry_id, message=stale.message)
+    await intake.fence(redis, keys, [newer])
+    assert newer.fence == stale.fence + 1
+    fenced: list[tuple[str, int]] = []
+    writer = OutputWriter(redis, keys, ttl_s=60, on_fenced=lambda rid, fence: fenced.append((rid, fence)))
+    writer.start()
+    for entry in (acked, stale):
+        rid = entry.message.id
+        writer.emit(API_ID, OutputEvent(rid=rid, seq=1, type="chunk", text="x", token_ids=[1]), fence=entry.fence)
+        final = OutputEvent(rid=rid, seq=2, type="final", finish_reason="stop")
+        writer.emit(API_ID, final, fence=entry.fence, ack=(entry.stream, entry.entry_id))
+    await writer.flush()
+    await writer.close()
+    assert fenced == [("taken-over", stale.fence)]
+    assert [event.type for event in await read_output(redis, keys, "acked", from_seq=1)] == ["chunk", "final"]
+    assert await read_output(redis, keys, "taken-over", from_seq=1) == []
+    # Only the taken-over entry is left, pending on its new owner, with its token.
+    assert [entry_id.decode() for entry_id, _fields in await redis.xrange(stream)] == [stale.entry_id]
+    pending = await redis.xpending_range(stream, "workers", min="-", max="+", count=10)
+    assert [(row["message_id"].decode(), row["consumer"].decode()) for row in pending] == [(stale.entry_id, "w2")]
+    assert not await redis.exists(keys.fence("acked")) and await redis.exists(keys.fence("taken-over"))
+    await redis.delete(*keys.intake_all(), keys.output("acked"), keys.fence("taken-over"))
+
+
+async def test_a_delivery_says_whether_a_cancel_tombstone_names_its_request(redis: aioredis.Redis) -> None:
+    keys = Keys(unique_prefix())
+    await intake.ensure_groups(redis, keys)
+    stream = keys.intake("realtime", "short")
+    await redis.set(keys.cancelled("left"), b"1", ex=60)
+    for request_id in ("left", "stays"):
+        await intake.enqueue(redis, keys, make_message(request_id))
+    entries = await intake.read(redis, keys, "w1", [stream], count=10, block_ms=None)
+    assert [(entry.message.id, entry.cancelled) for entry in entries] == [("left", True), ("stays", False)]
+    await redis.delete(*keys.intake_all(), keys.cancelled("left"), keys.fence("left"), keys.fence("stays"))
+
+
 async def test_a_former_owner_is_fenced_off_once_its_entry_is_taken_over(
     redis: aioredis.Redis, router: ReplyRouter
 ) -> None:
