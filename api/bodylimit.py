@@ -19,8 +19,13 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await self._refuse(send)
+        if length is not None and length.isdigit():
+            if int(length) > self.max_bytes:
+                await self._refuse(send)
+                return
+            # The server reads no more than the Content-Length it was told: nothing to count, and the
+            # response's every write goes straight through.
+            await self.app(scope, receive, send)
             return
         seen = 0
         refused = False

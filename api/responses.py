@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from functools import partial
 from typing import Any
 
-import anyio
 import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -34,16 +33,27 @@ class EventStreamResponse(StreamingResponse):
         super().__init__(content, headers={**base_headers, **(headers or {})})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async with anyio.create_task_group() as group:
+        # One watcher task beside the response's own, plain asyncio: an anyio task group here (what
+        # Starlette uses) costs as much again per request as the rest of this class.
+        streaming = asyncio.current_task()
+        assert streaming is not None
+        left = False
 
-            async def run(func: Any) -> None:
-                await func()
-                group.cancel_scope.cancel()
+        async def watch() -> None:
+            nonlocal left
+            with contextlib.suppress(Exception):  # a receive that fails: the client is gone all the same
+                await self.listen_for_disconnect(receive)
+            left = True
+            streaming.cancel()
 
-            async def stream() -> None:
-                # A write to a client that already left: the disconnect listener ends the group.
-                with contextlib.suppress(OSError):
-                    await self.stream_response(send)
-
-            group.start_soon(run, stream)
-            await run(partial(self.listen_for_disconnect, receive))
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            # A write to a client that already left: the watcher ends the response.
+            with contextlib.suppress(OSError):
+                await self.stream_response(send)
+        except asyncio.CancelledError:
+            if not left:
+                raise
+            streaming.uncancel()  # ours: the client left, and the body iterator was cancelled
+        finally:
+            watcher.cancel()

@@ -17,12 +17,14 @@
 Latencies are measured by the worker that finished the request, from its enqueue time (as the
 client's clock would, less the network). The consecutive rule runs in one Lua script per realtime
 finish, so concurrent workers trip it exactly once; the window rules run every
-``evaluate_interval_s`` on one worker (a lock), for all.
+``evaluate_interval_s`` on one worker (a lock), for all, over the samples each worker writes once a
+second (buffered: one round trip a second instead of one per finished request).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import urllib.request
@@ -32,6 +34,7 @@ from typing import cast
 
 import orjson
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from queues import scripts
 from queues.breakers import BreakerView, read_breakers
@@ -43,6 +46,10 @@ log = logging.getLogger("tailcut.breakers")
 EventSink = Callable[..., Awaitable[None]]
 # Most samples a window keeps (the newest).
 WINDOW_SAMPLES_KEPT = 20_000
+# A worker writes its buffered window samples at least once a second, and at once past this many.
+SAMPLES_BUFFERED = 1000
+# How long a closing handle may try to write its buffered samples (Redis may be gone).
+CLOSE_FLUSH_S = 2.0
 
 # KEYS: breaker hash, recent list. ARGV: latency_ms, now_ms, over_ms, trip_count, open_ms, close_after.
 # Returns the new state when it changed, else false.
@@ -133,6 +140,8 @@ class Breakers:
         # Webhook calls go out one at a time, in order (a retried signal never overtakes the next).
         self._outbox: asyncio.Queue[dict[str, str | int]] = asyncio.Queue()
         self._sender: asyncio.Task[None] | None = None
+        # Window samples (tier 1 and 2) not written yet: per tier, "request id:TTFT ms" → finish time.
+        self._samples: dict[Tier, dict[str, int]] = {}
 
     @property
     def degrade_mode(self) -> bool:
@@ -169,22 +178,45 @@ class Breakers:
             return
         if ttft_ms is None:
             return
-        key = self._keys.latency_window(tier)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.zadd(key, {f"{request_id}:{ttft_ms}": now_ms})
-            pipe.zremrangebyrank(key, 0, -WINDOW_SAMPLES_KEPT - 1)
-            pipe.expire(key, int(max(config.normal_window_s, config.background_window_s)) + 60)
-            await pipe.execute()
+        # Buffered: the window rules judge minutes of samples every few seconds, so one round trip a
+        # second (``flush_samples``, from the worker's breaker loop and ``evaluate``) carries them all.
+        window = self._samples.setdefault(tier, {})
+        window[f"{request_id}:{ttft_ms}"] = now_ms
+        if len(window) >= SAMPLES_BUFFERED:
+            await self.flush_samples()
+
+    async def flush_samples(self) -> None:
+        """Write the window samples recorded since the last flush, in one round trip; kept for the next
+        flush when Redis does not take them (the newest ``WINDOW_SAMPLES_KEPT`` of each tier)."""
+        if not self._samples:
+            return
+        samples, self._samples = self._samples, {}
+        ttl_s = int(max(self.config.normal_window_s, self.config.background_window_s)) + 60
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for tier, window in samples.items():
+                    key = self._keys.latency_window(tier)
+                    pipe.zadd(key, window)
+                    pipe.zremrangebyrank(key, 0, -WINDOW_SAMPLES_KEPT - 1)
+                    pipe.expire(key, ttl_s)
+                await pipe.execute()
+        except BaseException:
+            for tier, window in samples.items():
+                kept = {**window, **self._samples.get(tier, {})}
+                self._samples[tier] = dict(list(kept.items())[-WINDOW_SAMPLES_KEPT:])
+            raise
 
     async def evaluate(self, now_ms: int) -> None:
         """The time-driven rules, once per interval across all workers: tier 0's probation, tier 1
         and tier 2's windows."""
+        await self.flush_samples()
         interval_ms = int(self.config.evaluate_interval_s * 1000)
         if not await self._redis.set(self._keys.breaker_evaluation, b"1", nx=True, px=max(1, interval_ms - 50)):
             return
         await self.evaluate_now(now_ms)
 
     async def evaluate_now(self, now_ms: int) -> None:
+        await self.flush_samples()
         config = self.config
         moved = await scripts.run(
             self._redis, PROBATION, [self._keys.breaker("realtime")], [now_ms, int(config.realtime_open_s * 1000)]
@@ -256,7 +288,11 @@ class Breakers:
         return self.views
 
     async def close(self) -> None:
-        """Let the pending webhook calls go out (bounded by their timeouts and retries)."""
+        """Write the buffered window samples (best effort) and let the pending webhook calls go out
+        (bounded by their timeouts and retries)."""
+        with contextlib.suppress(RedisError, TimeoutError):
+            async with asyncio.timeout(CLOSE_FLUSH_S):
+                await self.flush_samples()
         if self._sender is not None and not self._sender.done():
             limit_s = (self.config.webhook_timeout_s + 2) * self.config.webhook_attempts * (1 + self._outbox.qsize())
             await asyncio.wait([self._sender], timeout=limit_s)
