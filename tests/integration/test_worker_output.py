@@ -1,0 +1,119 @@
+"""The worker's output path against a real Redis, with the zero-cost ``null`` engine: a busy worker
+coalesces tokens into fewer events with every position exact, a finished request's entry goes with
+its final event, and a cancel heard just before its entry arrives still cancels it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from queues import intake
+from queues.connection import connect
+from queues.keys import WORKER_GROUP, Keys
+from queues.messages import RequestMessage, SamplingSpec
+from queues.output import read_output
+from tests.conftest import TEST_MAX_MODEL_LEN
+from tests.stack import running_workers, unique_prefix
+from workers.engines.factory import start_engine
+from workers.engines.filler import filler_token
+from workers.settings import EngineSettings, WorkerSettings
+
+
+def message(request_id: str, *, max_tokens: int) -> RequestMessage:
+    return RequestMessage(
+        id=request_id,
+        tenant="t",
+        tier="normal",
+        bucket="short",
+        prompt_token_ids=[1, 2, 3],
+        sampling=SamplingSpec(max_tokens=max_tokens, ignore_eos=True),
+        predicted_output_tokens=max_tokens,
+        enqueued_at_ms=int(time.time() * 1000),
+        deadline_ms=int(time.time() * 1000) + 600_000,
+        reply_to="api-under-test",
+    )
+
+
+def settings(redis_url: str, keys: Keys, model: Path, **overrides: object) -> WorkerSettings:
+    return WorkerSettings(
+        redis_url=redis_url, key_prefix=keys.prefix, model=str(model), worker_id=f"w-{keys.prefix}",
+        read_block_ms=100, **overrides,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+async def until(check: Callable[[], bool], *, timeout_s: float, what: str) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.02)
+    assert check(), what
+
+
+async def test_a_busy_worker_coalesces_tokens_into_fewer_events_and_every_position_is_exact(
+    redis_url: str, tiny_model: Path
+) -> None:
+    """Fifty replies of 200 tokens at once on an engine that costs nothing: the writer falls behind, so
+    tokens join the chunk still waiting for it. Every reply is still every token once, in order, at
+    gap-free positions ending in one final event, and its intake entry is gone with that event."""
+    engine = start_engine(EngineSettings(kind="null", max_num_seqs=64), tiny_model, TEST_MAX_MODEL_LEN)
+    filler = filler_token(tiny_model)
+    keys = Keys(unique_prefix())
+    redis = connect(redis_url, timeout_s=5.0)
+    num_requests, num_tokens = 50, 200
+    try:
+        await intake.ensure_groups(redis, keys)
+        async with running_workers([settings(redis_url, keys, tiny_model, max_running=64)], engine, redis_url) as (
+            worker,
+        ):
+            for index in range(num_requests):
+                await intake.enqueue(redis, keys, message(f"busy-{index}", max_tokens=num_tokens))
+            await until(lambda: len(worker.served_ids) == num_requests, timeout_s=60, what="every reply finished")
+        num_events = 0
+        for index in range(num_requests):
+            events = await read_output(redis, keys, f"busy-{index}", from_seq=1)
+            assert [event.seq for event in events] == list(range(1, len(events) + 1))
+            assert [event.type for event in events] == ["chunk"] * (len(events) - 1) + ["final"]
+            tokens = [token for event in events for token in event.token_ids]
+            assert tokens == [filler.token_id] * num_tokens
+            assert "".join(event.text for event in events) == filler.text * num_tokens
+            assert events[-1].completion_tokens == num_tokens
+            num_events += len(events)
+        # Coalesced: far fewer events than tokens (one per token would be 50 x 201).
+        assert num_events < num_requests * (num_tokens + 1) / 2, num_events
+        stream = keys.intake("normal", "short")
+        assert await redis.xlen(stream) == 0
+        assert (await redis.xpending(stream, WORKER_GROUP))["pending"] == 0
+    finally:
+        await engine.shutdown()
+        await _delete(redis, keys)
+
+
+async def test_a_cancel_heard_before_its_entry_arrives_still_cancels_it(redis_url: str, tiny_model: Path) -> None:
+    """The cancel comes over the cancel channel while the read that brings its entry is on its way (no
+    tombstone read with the entry): the worker remembers it, and the request ends ``cancelled``
+    without running."""
+    engine = start_engine(EngineSettings(kind="null", null_step_ms=5), tiny_model, TEST_MAX_MODEL_LEN)
+    keys = Keys(unique_prefix())
+    redis = connect(redis_url, timeout_s=5.0)
+    try:
+        await intake.ensure_groups(redis, keys)
+        async with running_workers([settings(redis_url, keys, tiny_model)], engine, redis_url) as (worker,):
+            assert not await worker.cancel("early")  # nothing of it here yet
+            await intake.enqueue(redis, keys, message("early", max_tokens=500))
+            await until(lambda: worker.outcomes["cancelled"] == 1, timeout_s=20, what="the request cancelled")
+        events = await read_output(redis, keys, "early", from_seq=1)
+        assert [(event.seq, event.type, event.error_code) for event in events] == [(1, "error", "cancelled")]
+        assert worker.num_engine_calls == 0
+    finally:
+        await engine.shutdown()
+        await _delete(redis, keys)
+
+
+async def _delete(redis: aioredis.Redis, keys: Keys) -> None:
+    names = [name async for name in redis.scan_iter(match=f"{keys.prefix}*")]
+    if names:
+        await redis.delete(*names)
+    await redis.aclose()
