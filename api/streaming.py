@@ -99,10 +99,12 @@ def coalesced(batch: list[OutputEvent]) -> list[OutputEvent]:
 
 
 async def reply_batches(stream: ReplyStream) -> AsyncIterator[list[OutputEvent]]:
-    """A live request's batches; the stream is closed however the reading ends."""
+    """A live request's batches, each run of chunks joined (``coalesced``): what the client gets, and
+    what the answer cache stores and a hit replays as it is; the stream is closed however the reading
+    ends."""
     try:
         async for batch in stream.batches():
-            yield batch
+            yield coalesced(batch)
     finally:
         stream.close()
 
@@ -133,7 +135,7 @@ async def event_stream(
                 frames: list[bytes] = []
                 if tracker is not None:
                     tracker.on_batch(batch)
-                for event in coalesced(batch):
+                for event in batch:
                     frames += event_frames(event, renderer, ids=event_ids)
                     finished = finished or event.terminal
                     last_seq = event.seq

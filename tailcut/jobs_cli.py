@@ -8,6 +8,7 @@ uses the standard library's HTTP client: the producer needs nothing beyond tailc
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import sys
@@ -21,7 +22,7 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tailcut import aio, logs
+from tailcut import logs
 from tailcut.errors import ConfigError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -64,7 +65,7 @@ def cmd_jobs(args: argparse.Namespace) -> None:
     overrides = {name: getattr(args, name) for name in ("model", "redis_url") if getattr(args, name, None)}
     settings = JobsSettings(**overrides)
     logs.configure(settings.log_format)
-    aio.run(serve(settings))
+    asyncio.run(serve(settings))
 
 
 class ApiClient:

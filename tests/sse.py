@@ -24,6 +24,13 @@ async def frames(response: httpx.Response) -> AsyncIterator[tuple[int | None, An
             event_id = None
 
 
+def positions_grow(event_ids: list[int]) -> bool:
+    """Whether a stream's SSE ids say each position came once, in order: a frame's id is the last
+    position it carries (a stream that fell behind gets several in one frame), so the ids only grow.
+    Whether one is missing, the tokens say."""
+    return bool(event_ids) and event_ids == sorted(set(event_ids))
+
+
 async def stream_events(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], *, headers: dict[str, str] | None = None
 ) -> list[Any]:
