@@ -1,9 +1,10 @@
-"""The event loop tailcut's processes run on: uvloop where it imports (it comes with
-``uvicorn[standard]``, the API's server, which runs on it too), else asyncio's own.
+"""The worker's event loop: uvloop where it imports (it comes with ``uvicorn[standard]``, and the
+API's server runs on it already), else asyncio's own.
 
 uvloop wakes tasks, resolves futures and writes sockets several times cheaper than asyncio's
 selector loop, and a worker does all three for every token it streams. vLLM's own server runs its
-``AsyncLLM`` on uvloop the same way.
+``AsyncLLM`` on uvloop the same way. The jobs process (arq) stays on asyncio's loop: it streams no
+tokens, and its shutdown is tested there.
 """
 
 from __future__ import annotations
