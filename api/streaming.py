@@ -38,7 +38,12 @@ EVENT_IDS_HEADER = "x-tailcut-event-ids"
 
 
 def sse(data: dict[str, Any], event_id: int | None = None) -> bytes:
-    frame = b"data: " + orjson.dumps(data) + b"\n\n"
+    return sse_json(orjson.dumps(data), event_id)
+
+
+def sse_json(body: bytes, event_id: int | None = None) -> bytes:
+    """One SSE frame of the JSON ``body`` (with ``event_id`` as its ``id:``)."""
+    frame = b"data: " + body + b"\n\n"
     return frame if event_id is None else b"id: %d\n" % event_id + frame
 
 
@@ -60,8 +65,7 @@ def event_frames(event: OutputEvent, renderer: Renderer, *, ids: bool = True) ->
     """The SSE frames of one event; with ``ids``, the last one carries its position as the SSE id."""
     seq = event.seq if ids else None
     if event.type == "chunk":
-        frame = b"data: " + renderer.content_json(event) + b"\n\n"
-        return [frame if seq is None else b"id: %d\n" % seq + frame]
+        return [sse_json(renderer.content_json(event), seq)]
     if event.type == "final":
         if renderer.include_usage:
             return [sse(renderer.finish(event)), sse(renderer.usage_chunk(event), seq)]

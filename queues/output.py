@@ -137,20 +137,18 @@ class OutputWriter:
 
     async def _write_once(self, batch: list[tuple[str, OutputEvent, int, Ack | None]]) -> list[tuple[str, int]]:
         """One script call for the batch; (request id, token) of the requests whose events were refused."""
-        # Per request, in first-seen order: its channel, token, events and entry to acknowledge (a
-        # request has one channel and token; the ack comes with its last event).
-        requests: dict[str, tuple[str, int, list[OutputEvent], list[Ack]]] = {}
+        # Per request, in first-seen order: its channel, token and events (a request has one channel
+        # and token), and the entry its terminal event acknowledges.
+        requests: dict[str, tuple[str, int, list[OutputEvent]]] = {}
+        acks: dict[str, Ack] = {}
         for reply_to, event, fence, ack in batch:
-            entry = requests.get(event.rid)
-            if entry is None:
-                entry = requests[event.rid] = (reply_to, fence, [], [])
-            entry[2].append(event)
+            requests.setdefault(event.rid, (reply_to, fence, []))[2].append(event)
             if ack is not None:
-                entry[3].append(ack)
+                acks[event.rid] = ack
         keys: list[str] = []
         args: list[str | int | bytes] = [self._ttl_s, len(requests), WORKER_GROUP]
-        for request_id, (reply_to, fence, events, acks) in requests.items():
-            stream, entry_id = acks[-1] if acks else (self._keys.output(request_id), "")
+        for request_id, (reply_to, fence, events) in requests.items():
+            stream, entry_id = acks.get(request_id, (self._keys.output(request_id), ""))
             keys += [self._keys.fence(request_id), self._keys.output(request_id), stream]
             args += [fence, self._keys.reply_channel(reply_to), entry_id, len(events)]
             for event in events:
