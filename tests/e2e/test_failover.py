@@ -29,9 +29,13 @@ pytestmark = pytest.mark.engine
 
 CLIENTS = 8
 MAX_TOKENS = 24
-# The load runs this long before the primary changes, and goes on this long once a new one is known.
+# The load runs this long before the primary changes, and goes on at least this long once a new one is
+# known: until every client has completed a request sent after that, or AFTER_MAX_S have passed (the
+# requests in flight through the change finish first: a take-over, a lost request noticed, a few seconds
+# on a busy machine).
 BEFORE_S = 2.0
 AFTER_S = 3.0
+AFTER_MAX_S = 30.0
 # An accepted stream that has not ended this long after the load stopped counts as lost.
 STREAM_TIMEOUT_S = 60.0
 
@@ -106,7 +110,8 @@ async def one_request(client: httpx.AsyncClient, index: int, outcome: Outcome, *
 
 async def scenario(group: SentinelGroup, tiny_model: Path, engine: VllmEngine, durability: str, event: str) -> Outcome:
     """Streaming load through the API and two workers; the primary changes by ``event`` after
-    ``BEFORE_S``; the load stops ``AFTER_S`` after a new primary is known; every stream is awaited."""
+    ``BEFORE_S``; the load goes on ``AFTER_S`` after a new primary is known, and on until ``CLIENTS``
+    requests sent since then have completed (at most ``AFTER_MAX_S``); every stream is awaited."""
     outcome = Outcome()
     stop, recovered = asyncio.Event(), asyncio.Event()
     async with running_stack(
@@ -141,6 +146,9 @@ async def scenario(group: SentinelGroup, tiny_model: Path, engine: VllmEngine, d
                     await group.primary(other_than=primary)
                 recovered.set()
                 await asyncio.sleep(AFTER_S)
+                deadline = time.monotonic() + AFTER_MAX_S - AFTER_S
+                while outcome.completed_after < CLIENTS and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
             finally:
                 stop.set()
                 await asyncio.gather(*loops)

@@ -68,14 +68,21 @@ def body(index: int) -> dict[str, Any]:
 
 
 async def stream(client: httpx.AsyncClient, request: dict[str, Any], reply: Reply) -> Reply:
-    async with client.stream("POST", "/v1/completions", json=request, headers=EVENT_IDS) as response:
-        assert response.status_code == 200, await response.aread()
-        reply.request_id = response.headers["x-tailcut-request-id"]
-        async for event_id, payload in frames(response):
-            reply.events.append(payload)
-            if event_id is not None:
-                reply.event_ids.append(event_id)
-                reply.arrived_at.setdefault(event_id, time.monotonic())
+    try:
+        async with client.stream("POST", "/v1/completions", json=request, headers=EVENT_IDS) as response:
+            assert response.status_code == 200, await response.aread()
+            reply.request_id = response.headers["x-tailcut-request-id"]
+            async for event_id, payload in frames(response):
+                reply.events.append(payload)
+                if event_id is not None:
+                    reply.event_ids.append(event_id)
+                    reply.arrived_at.setdefault(event_id, time.monotonic())
+    except httpx.HTTPError as exc:
+        # Which stream broke, and how far it had come: the bare exception says neither.
+        raise AssertionError(
+            f"request {reply.request_id or '(no response yet)'}: {exc!r} after {len(reply.events)} events, "
+            f"last position {max(reply.event_ids, default=0)}"
+        ) from exc
     return reply
 
 
@@ -225,7 +232,10 @@ async def test_workers_on_two_hosts_share_the_group_and_a_dead_hosts_streams_fin
                 await wait_for_workers(stack.redis, stack.keys, workers)
                 # Each worker's connections come from inside its host, over the veth link.
                 peers = {client["addr"].rsplit(":", 1)[0] for client in await stack.redis.client_list()}
-                async with httpx.AsyncClient(base_url=stack.base_url, timeout=120) as client:
+                # Idle connections are dropped after 1 s, well before uvicorn closes them (5 s): a request
+                # sent on one the server is closing at that moment fails with a reset, whoever is right.
+                limits = httpx.Limits(keepalive_expiry=1.0)
+                async with httpx.AsyncClient(base_url=stack.base_url, timeout=120, limits=limits) as client:
                     # Round one, both hosts alive: the references, and the spread.
                     started = time.monotonic()
                     async with asyncio.timeout(90):
