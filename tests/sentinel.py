@@ -27,6 +27,11 @@ SERVER_OPTIONS = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "
 DOWN_AFTER_MS = 1000
 # Also how soon the Sentinels may fail the same master name over again (twice this).
 FAILOVER_TIMEOUT_MS = 3000
+# How long a wait for the primary may take. With a replica linked, after a failover, that includes the
+# former primary (demoted, or killed and started again) turning replica: the Sentinels convert a server
+# that still says "master" once it has been up 8 s and they saw its role (INFO, every 10 s for a
+# replica), then it syncs — 10-30 s on a busy machine.
+PRIMARY_WAIT_S = 60.0
 
 
 @dataclass
@@ -65,7 +70,9 @@ class SentinelGroup:
                 return None
         return None
 
-    def wait_for_primary(self, *, other_than: int | None = None, replicated: bool = True, timeout_s: float = 30) -> int:
+    def wait_for_primary(
+        self, *, other_than: int | None = None, replicated: bool = True, timeout_s: float = PRIMARY_WAIT_S
+    ) -> int:
         """Wait until the Sentinels report a primary (another than ``other_than``) that answers as one,
         with a replica linked to it if ``replicated``; returns its port."""
         deadline = time.monotonic() + timeout_s
@@ -76,7 +83,9 @@ class SentinelGroup:
             time.sleep(0.1)
         raise AssertionError(f"no primary {'other than ' + str(other_than) if other_than else ''} after {timeout_s} s")
 
-    async def primary(self, *, other_than: int | None = None, replicated: bool = True, timeout_s: float = 30) -> int:
+    async def primary(
+        self, *, other_than: int | None = None, replicated: bool = True, timeout_s: float = PRIMARY_WAIT_S
+    ) -> int:
         """``wait_for_primary`` in a thread: the event loop (an API, workers, arq) goes on meanwhile."""
         return await asyncio.to_thread(
             self.wait_for_primary, other_than=other_than, replicated=replicated, timeout_s=timeout_s
