@@ -153,7 +153,7 @@ class OutputWriter:
             args += [fence, self._keys.reply_channel(reply_to), entry_id, len(events)]
             for event in events:
                 args += [event.seq, event.dumps()]
-        fenced = await scripts.run(self._redis, fencing.WRITE_EVENTS, keys, args)
+        fenced = await scripts.run_packed(self._redis, fencing.WRITE_EVENTS, keys, args)
         order = list(requests.items())
         return [(order[int(index) - 1][0], order[int(index) - 1][1][1]) for index in fenced]
 

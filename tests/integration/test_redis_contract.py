@@ -191,6 +191,31 @@ def make_message(request_id: str) -> RequestMessage:
     )
 
 
+async def test_the_output_writer_reloads_its_script_on_a_redis_that_lost_it(free_port: int) -> None:
+    """A new primary after a failover, or a SCRIPT FLUSH, does not have the writer's script: the
+    hand-packed EVALSHA (``queues.scripts.run_packed``) loads it again and the write goes through, on a
+    single-connection client as the worker's and on a pooled one."""
+    with private_redis_server(free_port) as server:
+        pooled = connect(server.url, timeout_s=1.0)
+        own = aioredis.Redis(connection_pool=pooled.connection_pool, single_connection_client=True)
+        keys = Keys("tc:")
+        try:
+            for client, request_id in ((pooled, "pooled"), (own, "own")):
+                writer = OutputWriter(client, keys, ttl_s=60)
+                writer.start()
+                async with asyncio.timeout(10):  # a writer that cannot write retries for ever
+                    writer.emit(API_ID, OutputEvent(rid=request_id, seq=1, type="chunk", text="a", token_ids=[1]))
+                    await writer.flush()
+                    await pooled.script_flush()
+                    writer.emit(API_ID, OutputEvent(rid=request_id, seq=2, type="final", finish_reason="stop"))
+                    await writer.close()
+                stored = await read_output(pooled, keys, request_id, from_seq=1)
+                assert [(event.seq, event.type) for event in stored] == [(1, "chunk"), (2, "final")], request_id
+        finally:
+            await own.aclose()
+            await pooled.aclose()
+
+
 async def test_consumer_group_is_recreated_after_flushall(free_port: int) -> None:
     with private_redis_server(free_port) as server:
         client = connect(server.url, timeout_s=1.0)

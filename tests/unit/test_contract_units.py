@@ -189,3 +189,17 @@ def test_worker_budget_cannot_exceed_the_engine_step_budget() -> None:
 
     with pytest.raises(ValidationError, match="exceeds the engine's max_num_batched_tokens"):
         WorkerSettings(engine={"max_num_batched_tokens": 1024})  # type: ignore[arg-type]
+
+
+def test_hand_packed_commands_are_the_bytes_redis_py_sends() -> None:
+    """The output writer's script call is packed by ``queues.scripts.pack_command``: byte for byte what
+    redis-py's own packer makes of the same arguments (text, UTF-8 text, integers, bytes, empty values,
+    a payload longer than redis-py's buffer cutoff)."""
+    from redis.asyncio.connection import Connection
+
+    from queues.scripts import pack_command
+
+    payload = OutputEvent(rid="r" * 32, seq=7, type="chunk", text="héllo ✓\r\n", token_ids=[1, 2, 3]).dumps()
+    args: list[bytes | str | int] = [b"EVALSHA", "a" * 40, 2, "tc:fence:x", "tc:out:x", 3600, 0, -1, "", b"", payload]
+    args.append(b"x" * 70_000)
+    assert pack_command(args) == b"".join(Connection().pack_command(*args))
