@@ -61,6 +61,19 @@ end
 return fenced
 """
 
+# Gives each delivered entry its request's next token and tells whether a cancel tombstone names the
+# request. KEYS: fence_1, cancelled_1, fence_2, ... ARGV: the tokens' ttl in seconds. Returns token_1,
+# cancelled_1 (0 or 1), token_2, ...
+FENCE = """
+local out = {}
+for i = 1, #KEYS, 2 do
+  out[#out + 1] = redis.call('INCRBY', KEYS[i], 1)
+  redis.call('EXPIRE', KEYS[i], ARGV[1])
+  out[#out + 1] = redis.call('EXISTS', KEYS[i + 1])
+end
+return out
+"""
+
 # Acknowledges and deletes a finished entry, and drops its token. KEYS: fence, stream.
 # ARGV: token, group, entry id. Returns 1, or 0 when fenced.
 ACK = """

@@ -158,13 +158,9 @@ async def fence(redis: aioredis.Redis, keys: Keys, entries: Sequence[IntakeEntry
     sent after it reaches the worker over the cancel channel."""
     if not entries:
         return
-    async with redis.pipeline(transaction=False) as pipe:
-        for entry in entries:
-            pipe.incr(keys.fence(entry.message.id))
-            pipe.expire(keys.fence(entry.message.id), FENCE_TTL_S)
-            pipe.exists(keys.cancelled(entry.message.id))
-        replies = await pipe.execute()
-    for entry, token, cancelled in zip(entries, replies[::3], replies[2::3], strict=True):
+    script_keys = [key for entry in entries for key in (keys.fence(entry.message.id), keys.cancelled(entry.message.id))]
+    replies = await scripts.run_packed(redis, fencing.FENCE, script_keys, [FENCE_TTL_S])
+    for entry, token, cancelled in zip(entries, replies[::2], replies[1::2], strict=True):
         entry.fence = int(token)
         entry.cancelled = bool(cancelled)
 
