@@ -148,6 +148,14 @@ class ApiSettings(AdmissionSettings, ReplySettings):
         description="On SIGTERM, how long open replies may run to their end; one still running then ends "
         "with a `server_shutting_down` error saying how to resume it (the request itself runs on).",
     )
+    keep_alive_s: int = Field(
+        75,
+        ge=1,
+        le=3600,
+        description="How long an idle client connection is kept open for its next request. Keep it above "
+        "the idle limit of every client and proxy in front (httpx 5 s, nginx 75 s, cloud load balancers "
+        "60 s): a request sent on a connection just as the server closes it fails with a reset.",
+    )
     shed_probe_interval_s: float = Field(
         0.1, gt=0, le=10, description="How often the API reads the intake streams' backlog for shedding."
     )

@@ -93,12 +93,16 @@ class ApiServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def server_config(app: object, *, host: str, port: int, grace_s: float, **options: object) -> uvicorn.Config:
-    """uvicorn's configuration for the API: its stop waits out the grace time, plus a margin."""
+def server_config(
+    app: object, *, host: str, port: int, grace_s: float, keep_alive_s: int, **options: object
+) -> uvicorn.Config:
+    """uvicorn's configuration for the API: its stop waits out the grace time, plus a margin; an idle
+    connection stays open ``keep_alive_s`` (``ApiSettings.keep_alive_s``)."""
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=host,
         port=port,
         timeout_graceful_shutdown=int(grace_s + UVICORN_MARGIN_S),
+        timeout_keep_alive=keep_alive_s,
         **options,  # type: ignore[arg-type]
     )

@@ -142,6 +142,7 @@ def _run_server(settings: ApiSettings, *, sockets: list[socket.socket] | None) -
         host=settings.host,
         port=settings.port,
         grace_s=settings.shutdown_grace_s,
+        keep_alive_s=settings.keep_alive_s,
         log_level="warning",
         access_log=False,
     )

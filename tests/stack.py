@@ -70,7 +70,13 @@ async def running_api(
     """Serve the API with uvicorn on a free loopback port, as ``tailcut api`` does."""
     app = create_app(settings, model_dir=model_dir, jobs_settings=jobs_settings or JobsSettings())
     config = server_config(
-        app, host="127.0.0.1", port=0, grace_s=settings.shutdown_grace_s, log_level="warning", lifespan="on"
+        app,
+        host="127.0.0.1",
+        port=0,
+        grace_s=settings.shutdown_grace_s,
+        keep_alive_s=settings.keep_alive_s,
+        log_level="warning",
+        lifespan="on",
     )
     server = ApiServer(config)
     task = asyncio.create_task(server.serve())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -136,3 +137,38 @@ def test_a_sigkilled_supervisor_takes_its_api_processes_with_it(
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"still running after kill -9 of the supervisor: {left}"
+
+
+def test_an_idle_client_connection_stays_open_for_the_keep_alive_time(
+    tiny_model: Path, free_port: int, redis_url: str, tmp_path: Path
+) -> None:
+    """``TAILCUT_KEEP_ALIVE_S`` reaches the server of ``tailcut api``: an idle connection is still open
+    well into it (so a client whose own idle limit is shorter never sends on a connection the server is
+    closing: at uvicorn's default 5 s, which is also httpx's, such requests failed with resets) and is
+    closed after it."""
+    env = {**os.environ, "TAILCUT_REDIS_URL": redis_url, "TAILCUT_KEY_PREFIX": unique_prefix()}
+    env["TAILCUT_METRICS_DIR"] = str(tmp_path / "metrics")
+    env["TAILCUT_KEEP_ALIVE_S"] = "7"  # uvicorn's own default is 5 s
+    argv = [sys.executable, "-m", "tailcut", "api", "--model", str(tiny_model), "--port", str(free_port)]
+    log = tmp_path / "api.log"
+    api = start_child("api", argv, env, log_path=log)
+    try:
+        wait_healthy(f"http://127.0.0.1:{free_port}", api.process, log)
+        with socket.create_connection(("127.0.0.1", free_port), timeout=10) as connection:
+            connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: tailcut\r\n\r\n")
+            assert connection.recv(65536).startswith(b"HTTP/1.1 200"), "no answer to the first request"
+            answered = time.monotonic()
+            time.sleep(5.5)  # past uvicorn's default, within ours: the connection is still open
+            connection.setblocking(False)
+            try:
+                data = connection.recv(1, socket.MSG_PEEK)
+            except BlockingIOError:
+                data = None
+            assert data is None, f"the server closed an idle connection after {time.monotonic() - answered:.1f} s"
+            connection.settimeout(10)
+            assert connection.recv(1) == b"", "the server kept an idle connection past TAILCUT_KEEP_ALIVE_S"
+            closed_after_s = time.monotonic() - answered
+        assert 6.5 < closed_after_s < 10, closed_after_s
+    finally:
+        api.process.send_signal(signal.SIGTERM)
+        api.process.wait(timeout=30)
