@@ -57,7 +57,9 @@ def pack_command(args: Sequence[Arg]) -> bytes:
 
 async def execute_packed(redis: aioredis.Redis, packed: bytes) -> Any:
     """Send one packed command on ``redis``'s own connection (a single-connection client) or on one from
-    its pool, and read its reply (an error reply is raised)."""
+    its pool, and read its reply (an error reply is raised). redis-py's lock around a single connection
+    is not taken: such a client must have one caller at a time (the output writer's has: one write in
+    flight, nothing else on it)."""
     await redis.initialize()
     own = redis.connection
     connection = own or await redis.connection_pool.get_connection()
