@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from admission.shedding import ShedLimits
@@ -263,6 +263,7 @@ def run_job(job: Job) -> JobResult:
             "kv_peak_usage": run.kv.peak_usage,
             "kv_filled_share": run.kv.mean_filled_share,
             "max_running": run.kv.max_running,
+            "keep_alive": asdict(run.keep_alive) if run.keep_alive is not None else None,
         },
     )
 

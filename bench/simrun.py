@@ -56,6 +56,7 @@ from workers.engines.sim import KvAllocation, SimEngine, StepResult
 from workers.lifecycle import Continue, EngineCall, Finished, RequestLifecycle
 from workers.policies import make_scheduler
 from workers.reservation import ReservationRecord
+from workers.retention import TOUCH_PRIORITY, KeeperStats, PrefixKeeper, Touch
 from workers.scheduling import EngineView, PolicyName, SchedRequest, SchedulerConfig, SchedulingPolicy
 
 SimPolicyName = Literal["static-batch", "fifo", "vllm-priority", "tailcut"]
@@ -174,6 +175,8 @@ class SimRun:
     reservations: ReservationRecord = field(default_factory=ReservationRecord)
     # The engine's prefill chunk at the end, as the policy last set it (None: the policy never did).
     prefill_chunk_tokens: int | None = None
+    # What the prefix keep-alive did (``workers.retention``; None: the policy keeps none).
+    keep_alive: KeeperStats | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -222,6 +225,14 @@ class _Driver:
         self.num_yielded = 0
         self.reservations = ReservationRecord()
         self.next_prompt_id = _PROMPT_ID_BASE
+        # tailcut keeps finished chat turns in the engine's prefix cache, as the worker does.
+        keep_alive = config.scheduler.keep_alive
+        self.keeper = (
+            PrefixKeeper(keep_alive, block_tokens=config.block_size)
+            if config.policy == "tailcut" and keep_alive.enabled and config.prefix_cache
+            else None
+        )
+        self.touches: dict[str, Touch] = {}
 
     def _policy(self) -> SchedulingPolicy:
         config = self.config
@@ -268,6 +279,8 @@ class _Driver:
             bucket = self.admitter.config.buckets.of(arrival.prompt_tokens + arrival.output_tokens)
             return SimRecord(arrival, bucket, status="rejected")
         record = SimRecord(arrival, message.bucket)
+        if self.keeper is not None:
+            self.keeper.arrived(message.tier, message.tenant, message.prompt_token_ids)
         self.by_id[message.id] = _Request(arrival, message, record)
         self.scheduler.add(SchedRequest.of(message))
         return record
@@ -291,7 +304,14 @@ class _Driver:
         )
 
     def schedule(self, now_ms: int) -> None:
-        decision = self.scheduler.schedule(self.view(), now_ms)
+        view = self.view()
+        decision = self.scheduler.schedule(view, now_ms)
+        if self.keeper is not None:
+            for admitted in decision.admit:
+                self.keeper.allocated(admitted.prompt_tokens)
+            for touch in self.keeper.due(now_ms, free_kv_tokens=view.free_kv_tokens):
+                self.touches[touch.id] = touch
+                self.engine.add(touch.id, touch.token_ids, 1, priority=TOUCH_PRIORITY)
         for admitted in decision.admit:
             request = self.by_id[admitted.id]
             life = RequestLifecycle(request.message, admitted, self.scheduler, reservations=self.reservations)
@@ -345,6 +365,10 @@ class _Driver:
         end_us = step.end_us
         self.step.observe(step.duration_us / 1000)
         for engine_id, num_cached in step.num_cached_tokens.items():
+            touch = self.touches.pop(engine_id, None)
+            if touch is not None and self.keeper is not None:
+                self.keeper.touched(touch.id, num_cached)
+                continue
             admitted = self.by_engine_id.get(engine_id)
             if admitted is not None and admitted.record.queue_wait_ms is None:
                 admitted.record.queue_wait_ms = step.start_us / 1000 - admitted.arrival.at_s * 1000
@@ -372,10 +396,21 @@ class _Driver:
         # The engine stops a request at its slice limit ("length") or where the trace says the model
         # ends its reply (an end-of-sequence, "stop").
         reason = "stop" if len(life.generated) >= request.arrival.output_tokens else "length"
+        if self.keeper is not None:
+            self.keeper.allocated(life.call_tokens)
         outcome = life.end_call(reason, self.view)
         if isinstance(outcome, Finished):
             request.record.e2e_ms = end_us / 1000 - request.arrival.at_s * 1000
             request.record.output_tokens = len(life.generated)
+            if self.keeper is not None:
+                self.keeper.finished(
+                    life.id,
+                    request.arrival.tier,
+                    request.arrival.tenant,
+                    life.message.prompt_token_ids,
+                    life.generated,
+                    int(end_us / 1000),
+                )
             self.scheduler.finish(life.id)
             del self.by_id[life.id]
             self.admitter.observe(life.message, len(life.generated))
@@ -422,7 +457,7 @@ def simulate(
         now_us = engine.now_us
         while pending and pending[0].at_s * 1e6 <= now_us:
             records.append(driver.arrive(pending.popleft()))
-        if not driver.by_id:
+        if not driver.by_id and not engine.num_unfinished():  # (the engine may hold only touches)
             if not pending:
                 break
             engine.idle_until(pending[0].at_s * 1e6)
@@ -474,6 +509,7 @@ def simulate(
         num_engine_preempted=num_engine_preempted,
         reservations=driver.reservations,
         prefill_chunk_tokens=driver.chunk.applied,
+        keep_alive=driver.keeper.stats if driver.keeper is not None else None,
     )
 
 

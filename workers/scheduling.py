@@ -18,6 +18,7 @@ from typing import Literal, Protocol
 from queues.keys import Bucket, Tier
 from queues.messages import RequestMessage
 from workers.budget import BudgetConfig
+from workers.retention import KeepAliveConfig
 
 PolicyName = Literal["tailcut", "fifo", "vllm-priority"]
 # What the scheduler counts of a request's output in the engine's KV cache (``SchedRequest.reserved_kv_tokens``).
@@ -132,6 +133,8 @@ class SchedulerConfig:
     fair_max_weight: float = 8.0
     # Weight of the newest queue wait in a tenant's moving average (its "recent latency").
     rtt_smoothing: float = 0.2
+    # Prefix keep-alive of finished chat turns (``workers.retention``; the ``tailcut`` policy only).
+    keep_alive: KeepAliveConfig = field(default_factory=KeepAliveConfig)
 
     def __post_init__(self) -> None:
         if self.kv_block_tokens < 1:

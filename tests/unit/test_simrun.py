@@ -14,8 +14,9 @@ import pytest
 from admission.shedding import ShedLimits
 from bench.policies import Job, Variant, records_of, run_job
 from bench.simrun import SimConfig, SimRun, fifo_capacity_rps, floor_e2e_ms, mean_step_us, simulate
-from bench.workloads import load_workload, poisson_trace
+from bench.workloads import load_workload, make_trace, poisson_trace
 from workers.engines.costmodel import PROFILES
+from workers.retention import KeepAliveConfig
 from workers.scheduling import SchedulerConfig
 
 H100 = PROFILES["h100-llama3-8b"]
@@ -154,3 +155,28 @@ def test_bench_policies_writes_the_results_other_tools_read(tmp_path: Path) -> N
     assert results["targets"] and all(isinstance(target["met"], bool) for target in results["targets"])
     for name in ("policies_cdf_e2e_90.png", "policies_p99_e2e_vs_load.png"):
         assert (out / name).read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_prefix_keep_alive_keeps_chat_histories_cached_and_costs_nothing_without_them() -> None:
+    # long-history's next turn comes 4-12 s after the last: longer than a freed block lives in the
+    # engine's LRU at this load, unless tailcut touches it (workers.retention).
+    workload = load_workload("long-history")
+    trace = make_trace(workload, 50.0, seed=0, duration_s=30.0)
+
+    def cached_share(scheduler: SchedulerConfig) -> tuple[float, SimRun]:
+        result = simulate(trace, workload, SimConfig(policy="tailcut", cost=H100, scheduler=scheduler), duration_s=30.0)
+        realtime = [r for r in result.records if r.arrival.tier == "realtime" and r.status == "ok"]
+        assert all(r.output_tokens == r.arrival.output_tokens for r in realtime)
+        return sum(r.cached_prompt_tokens for r in realtime) / sum(r.arrival.prompt_tokens for r in realtime), result
+
+    kept_share, kept = cached_share(SchedulerConfig())
+    off_share, off = cached_share(SchedulerConfig(keep_alive=KeepAliveConfig(ttl_ms=0)))
+    assert kept.keep_alive is not None and kept.keep_alive.touches > 0 and kept.keep_alive.returns > 0
+    assert off.keep_alive is None
+    assert kept_share > off_share + 0.3, (kept_share, off_share)
+    # seed-mix has no conversations: nothing is touched, and the run is the run without keep-alive.
+    plain = run("tailcut", 60.0)
+    assert plain.keep_alive is not None and plain.keep_alive.touches == 0
+    assert fingerprint(plain) == fingerprint(
+        run("tailcut", 60.0, scheduler=SchedulerConfig(keep_alive=KeepAliveConfig(ttl_ms=0)))
+    )

@@ -1,0 +1,122 @@
+"""The prefix keep-alive (``workers.retention``): which finished turns are kept, when they are touched,
+and when the keeper lets go."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.retention import EVICTED_SHARE, KeepAliveConfig, PrefixKeeper, block_keys
+
+BLOCK = 16
+
+
+def keeper(**config: object) -> PrefixKeeper:
+    defaults: dict[str, object] = {"min_return_share": 0.0, "min_period_ms": 100}
+    return PrefixKeeper(KeepAliveConfig(**{**defaults, **config}), block_tokens=BLOCK)  # type: ignore[arg-type]
+
+
+def tokens(start: int, count: int) -> list[int]:
+    return list(range(start, start + count))
+
+
+def test_block_keys_are_chained_and_salted_by_tenant() -> None:
+    a = block_keys("acme", tokens(0, 40), BLOCK)
+    assert len(a) == 2  # whole blocks only
+    assert block_keys("acme", tokens(0, 33), BLOCK) == a
+    assert block_keys("acme", [99, *tokens(1, 39)], BLOCK)[1] != a[1]  # a later block depends on the first
+    assert block_keys("globex", tokens(0, 40), BLOCK) != a
+
+
+def test_a_finished_turn_is_touched_with_its_whole_blocks_and_one_token_more() -> None:
+    keep = keeper()
+    keep.finished("r1", "realtime", "acme", tokens(0, 40), tokens(1000, 10), now_ms=0)
+    assert keep.num_kept == 1 and keep.kept_tokens == 48
+    assert keep.due(50, free_kv_tokens=100_000) == []  # not yet: one period after it finished
+    (touch,) = keep.due(100, free_kv_tokens=100_000)
+    assert touch.token_ids == tokens(0, 40) + tokens(1000, 9)  # 3 blocks of 16, then one token
+    assert touch.num_hittable_tokens == 48 and touch.tenant == "acme" and touch.tier == "realtime"
+    assert keep.due(150, free_kv_tokens=100_000) == []  # in flight: not touched twice at once
+    keep.touched(touch.id, num_cached_tokens=48)
+    assert keep.num_kept == 1
+    # Nothing allocates: the LRU keeps it for as long as the keeper does; touched again half a TTL on.
+    assert keep.due(100 + 14_000, free_kv_tokens=100_000) == []
+    assert len(keep.due(100 + 15_000, free_kv_tokens=100_000)) == 1
+
+
+def test_only_the_kept_tiers_and_turns_with_a_whole_block_are_kept() -> None:
+    keep = keeper()
+    keep.finished("n1", "normal", "acme", tokens(0, 400), tokens(1000, 10), now_ms=0)
+    keep.finished("r1", "realtime", "acme", tokens(0, 10), tokens(1000, 6), now_ms=0)
+    assert keep.num_kept == 0
+
+
+def test_the_touch_period_follows_the_lru_lifetime() -> None:
+    keep = keeper(period_share=0.5, min_period_ms=10)
+    keep.due(0, free_kv_tokens=100_000)
+    for now_ms in range(0, 20_001, 100):
+        keep.allocated(1_000)  # 10 KV tokens per ms enter the engine
+        keep.due(now_ms, free_kv_tokens=100_000)
+    # 100,000 free tokens last about 10 s at that rate: touched every 5 s.
+    assert keep.period_ms == pytest.approx(5_000, rel=0.1)
+    keep.allocated(1_000)
+    keep.due(20_100, free_kv_tokens=1_000)  # a full engine: its LRU turns over in about 100 ms
+    assert 10 <= keep.period_ms <= 60
+
+
+def test_a_return_to_a_kept_turn_drops_it_and_counts() -> None:
+    keep = keeper()
+    first_prompt = tokens(0, 40)
+    keep.finished("r1", "realtime", "acme", first_prompt, tokens(1000, 20), now_ms=0)
+    keep.arrived("realtime", "globex", [*first_prompt, *tokens(1000, 20), *tokens(5000, 30)])
+    assert keep.stats.returns == 0 and keep.num_kept == 1  # another tenant's cache
+    keep.arrived("realtime", "acme", [*first_prompt, *tokens(1000, 20), *tokens(5000, 30)])
+    assert keep.stats.returns == 1 and keep.num_kept == 0
+    assert keep.return_share > 0
+
+
+def test_no_touch_while_turns_do_not_come_back() -> None:
+    keep = keeper(min_return_share=0.05)
+    for index in range(200):
+        keep.arrived("realtime", "acme", tokens(index * 1000, 40))  # single questions, never a history
+        keep.finished(f"r{index}", "realtime", "acme", tokens(index * 1000, 40), tokens(9_000_000, 8), now_ms=index)
+    assert not keep.touching
+    assert keep.due(5_000, free_kv_tokens=10**9) == []
+    assert keep.stats.touches == 0
+    # Once conversations come back, touching starts.
+    for index in range(190, 200):
+        keep.arrived("realtime", "acme", [*tokens(index * 1000, 40), *tokens(9_000_000, 8), 7, 7, 7])
+    assert keep.touching
+
+
+def test_expired_turns_and_the_oldest_over_the_kv_share_are_let_go() -> None:
+    keep = keeper(ttl_ms=1_000, max_share_of_free=0.5)
+    keep.finished("old", "realtime", "acme", tokens(0, 64), [], now_ms=0)
+    keep.finished("new", "realtime", "acme", tokens(100, 64), [], now_ms=500)
+    assert keep.kept_tokens == 96  # 48 + 48: the last token of each is computed, not kept
+    keep.due(600, free_kv_tokens=100)  # 96 > half of 100: the oldest goes
+    assert keep.num_kept == 1 and keep.kept_tokens == 48
+    keep.due(1_600, free_kv_tokens=10**6)
+    assert keep.num_kept == 0
+
+
+def test_a_touch_that_finds_its_prefix_evicted_ends_the_turn() -> None:
+    keep = keeper()
+    keep.finished("r1", "realtime", "acme", tokens(0, 64), tokens(1000, 1), now_ms=0)
+    (touch,) = keep.due(100, free_kv_tokens=10**6)
+    keep.touched(touch.id, num_cached_tokens=int(EVICTED_SHARE * touch.num_hittable_tokens) - 1)
+    assert keep.num_kept == 0 and keep.stats.evicted == 1
+
+
+def test_the_same_prompt_again_keeps_only_the_newer_turn() -> None:
+    keep = keeper()
+    keep.finished("r1", "realtime", "acme", tokens(0, 40), tokens(1000, 9), now_ms=0)
+    keep.finished("r2", "realtime", "acme", tokens(0, 40), tokens(2000, 9), now_ms=10)
+    assert keep.num_kept == 1
+    (touch,) = keep.due(200, free_kv_tokens=10**6)
+    assert touch.token_ids[40:] == tokens(2000, 9)
+
+
+def test_off_keeps_nothing() -> None:
+    keep = keeper(ttl_ms=0)
+    keep.finished("r1", "realtime", "acme", tokens(0, 40), tokens(1000, 9), now_ms=0)
+    assert keep.num_kept == 0 and keep.due(10_000, free_kv_tokens=10**6) == []
