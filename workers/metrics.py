@@ -101,6 +101,26 @@ class WorkerCollector(Collector):
             ):
                 prefixes.add_metric([*values, state], count)
             yield prefixes
+        keeper = worker.keeper
+        if keeper is not None:
+            yield counter(
+                "tailcut_worker_keepalive_touches_total",
+                "Prefix keep-alive touches sent to the engine (one-token requests keeping finished chat turns cached).",
+                keeper.stats.touches,
+            )
+            yield counter(
+                "tailcut_worker_keepalive_returns_total",
+                "Requests that continued a kept chat turn (their prompt starts with its prompt).",
+                keeper.stats.returns,
+            )
+            yield counter(
+                "tailcut_worker_keepalive_evicted_total",
+                "Touches that found their turn evicted already (the turn is let go).",
+                keeper.stats.evicted,
+            )
+            yield gauge(
+                "tailcut_worker_keepalive_kept_tokens", "KV tokens of the chat turns kept now.", keeper.kept_tokens
+            )
         yield gauge(
             "tailcut_worker_step_seconds", "Smoothed time of one engine step (decode iteration).", worker.step_ms / 1000
         )

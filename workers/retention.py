@@ -28,7 +28,6 @@ No clock, no engine: the worker and the simulator feed it and carry out its ``To
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -36,8 +35,9 @@ from dataclasses import dataclass
 from queues.keys import Tier
 from workers.budget import PrefillRate
 
-# The allocation rate the LRU lifetime is estimated from is averaged over this long.
-ALLOCATION_WINDOW_MS = 5_000
+# The allocation rate the LRU lifetime is estimated from: the higher of its averages over these two
+# windows, so a surge shortens the touch period at once and a lull lengthens it slowly.
+ALLOCATION_WINDOWS_MS = (500, 5_000)
 # A touch that found less than this share of its prefix cached ends its entry.
 EVICTED_SHARE = 0.5
 # The engine priority of a touch (lower runs first): ahead of every request, as it is one token of work.
@@ -101,7 +101,7 @@ class _Kept:
     token_ids: list[int]
     key: int  # the chained hash of the turn's last whole prompt block
     expires_ms: int
-    due_ms: int
+    touched_ms: int  # when its blocks were last freed into the LRU (its finish, then each touch)
     in_flight: bool = False
 
 
@@ -132,16 +132,14 @@ class PrefixKeeper:
         self.return_share = 0.0
         self.stats = KeeperStats()
         self._kept: OrderedDict[str, _Kept] = OrderedDict()  # oldest finish first
+        self._by_touch: OrderedDict[str, None] = OrderedDict()  # the same ids, least recently touched first
         self._by_key: dict[int, str] = {}
-        self._due: list[tuple[int, int, str]] = []  # (due_ms, n, id), stale items skipped
-        self._order = itertools.count()
         self._touch_ids = itertools.count()
         self._in_flight: dict[str, str] = {}  # touch id → kept id
         self._kept_tokens = 0
-        # The touch period in force (``due`` sets it from the LRU lifetime): a kept turn's first touch
-        # comes one period after it finished.
-        self.period_ms = config.min_period_ms
-        self._allocation = PrefillRate(window_ms=ALLOCATION_WINDOW_MS)
+        # The touch period in force (``due`` sets it from the LRU lifetime).
+        self.period_ms = config.ttl_ms
+        self._allocation = [PrefillRate(window_ms=window_ms) for window_ms in ALLOCATION_WINDOWS_MS]
 
     @property
     def num_kept(self) -> int:
@@ -159,7 +157,8 @@ class PrefixKeeper:
 
     def allocated(self, num_tokens: int) -> None:
         """KV tokens entered the engine (a prompt admitted, output generated): the LRU's pace."""
-        self._allocation.observe(num_tokens)
+        for rate in self._allocation:
+            rate.observe(num_tokens)
 
     def arrived(self, tier: Tier, tenant: str, prompt_ids: list[int]) -> None:
         """A client's request arrived: does it return to a kept turn? (Continuations are not arrivals.)"""
@@ -194,8 +193,8 @@ class PrefixKeeper:
         kept = _Kept(
             request_id, tier, tenant, token_ids[: num_whole + 1], prompt_keys[-1], now_ms + config.ttl_ms, now_ms
         )
-        self._schedule(kept, now_ms + self.period_ms)
         self._kept[request_id] = kept
+        self._by_touch[request_id] = None
         self._by_key[kept.key] = request_id
         self._kept_tokens += num_whole
         self.stats.kept += 1
@@ -222,21 +221,22 @@ class PrefixKeeper:
             if oldest.expires_ms > now_ms and self._kept_tokens <= config.max_share_of_free * max(0, free_kv_tokens):
                 break
             self._drop(oldest.id)
-        rate = self._allocation.update(now_ms)
+        rate = max(average.update(now_ms) for average in self._allocation)
         lifetime_ms = max(0, free_kv_tokens) / rate if rate > 0 else float(config.ttl_ms)
         self.period_ms = period_ms = int(
             min(config.ttl_ms, max(config.min_period_ms, config.period_share * lifetime_ms))
         )
-        touching = self.touching
         touches: list[Touch] = []
-        while self._due and self._due[0][0] <= now_ms and len(touches) < config.max_touches_per_round:
-            due_ms, _n, kept_id = heapq.heappop(self._due)
-            kept = self._kept.get(kept_id)
-            if kept is None or kept.due_ms != due_ms:
-                continue  # dropped, or rescheduled since
-            self._schedule(kept, now_ms + period_ms)
-            if not touching or kept.in_flight:
-                continue  # kept in view (a return is still seen), not touched now
+        if not self.touching:
+            return touches
+        for kept_id in list(itertools.islice(self._by_touch, config.max_touches_per_round)):
+            kept = self._kept[kept_id]
+            if kept.touched_ms + period_ms > now_ms:
+                break  # the rest were touched later still
+            kept.touched_ms = now_ms
+            self._by_touch.move_to_end(kept_id)
+            if kept.in_flight:
+                continue  # its last touch is still in the engine
             touch = Touch(f"keep-{next(self._touch_ids)}", kept.tier, kept.tenant, kept.token_ids)
             kept.in_flight = True
             self._in_flight[touch.id] = kept.id
@@ -246,14 +246,11 @@ class PrefixKeeper:
 
     # --- internals --------------------------------------------------------------------------------
 
-    def _schedule(self, kept: _Kept, due_ms: int) -> None:
-        kept.due_ms = due_ms
-        heapq.heappush(self._due, (due_ms, next(self._order), kept.id))
-
     def _drop(self, kept_id: str) -> None:
         kept = self._kept.pop(kept_id, None)
         if kept is None:
             return
+        del self._by_touch[kept_id]
         if self._by_key.get(kept.key) == kept_id:
             del self._by_key[kept.key]
         self._kept_tokens -= len(kept.token_ids) - 1

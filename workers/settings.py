@@ -6,6 +6,7 @@ import importlib.metadata
 import os
 import socket
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -29,6 +30,7 @@ CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
 
 # The one source of the scheduler's defaults: the typed configuration the scheduler runs on.
 _SCHEDULER = SchedulerConfig()
+_KEEP_ALIVE = _SCHEDULER.keep_alive
 _BUDGET = _SCHEDULER.budget
 
 
@@ -203,6 +205,21 @@ class SchedulerSettings(BaseModel):
     fair_min_weight: float = Field(_SCHEDULER.fair_min_weight, gt=0, description="Fair-share weight clamp, low end.")
     fair_max_weight: float = Field(_SCHEDULER.fair_max_weight, gt=0, description="Fair-share weight clamp, high end.")
     prefetch: int = Field(16, ge=1, description="Requests per tier read ahead from Redis into the local queue.")
+    keep_alive_ttl_s: float = Field(
+        _KEEP_ALIVE.ttl_ms / 1000,
+        ge=0,
+        description="Keep each finished realtime turn in the engine's prefix cache this long, for the chat's next "
+        "turn (one-token touches, only while turns come back; 0: off). `tailcut` policy only.",
+    )
+    keep_alive_max_share: float = Field(
+        _KEEP_ALIVE.max_share_of_free, ge=0, le=1, description="Kept turns' KV at most this share of the free KV."
+    )
+    keep_alive_min_return_share: float = Field(
+        _KEEP_ALIVE.min_return_share,
+        ge=0,
+        le=1,
+        description="Touch only while at least this share of realtime requests continue a kept turn (0: always).",
+    )
 
     @model_validator(mode="after")
     def _check_ranges(self) -> SchedulerSettings:
@@ -245,6 +262,12 @@ class SchedulerSettings(BaseModel):
             fair_quantum_tokens=self.fair_quantum_tokens,
             fair_min_weight=self.fair_min_weight,
             fair_max_weight=self.fair_max_weight,
+            keep_alive=replace(
+                _KEEP_ALIVE,
+                ttl_ms=round(self.keep_alive_ttl_s * 1000),
+                max_share_of_free=self.keep_alive_max_share,
+                min_return_share=self.keep_alive_min_return_share,
+            ),
         )
 
 

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 from queues import drain, events, intake
 from queues.intake import IntakeEntry
 from queues.keys import BUCKETS, TIERS, WORKER_ALIVE_BEATS, WORKER_GROUP, Bucket, Keys, Tier
-from queues.messages import OutputEvent, RequestMessage
+from queues.messages import OutputEvent, RequestMessage, SamplingSpec
 from queues.output import OutputWriter, read_output
 from tailcut.errors import EngineDeadError, InvalidRequestError
 from tailcut.logs import log_event
@@ -38,6 +38,7 @@ from workers.lifecycle import EngineCall, Finished, RequestLifecycle, Yield, err
 from workers.policies import make_scheduler
 from workers.prompter import Prompter
 from workers.reservation import ReservationRecord
+from workers.retention import TOUCH_PRIORITY, PrefixKeeper, Touch
 from workers.scheduling import EngineView, SchedRequest
 from workers.settings import WorkerSettings
 
@@ -96,7 +97,16 @@ class Worker:
         self._writer = OutputWriter(
             self._writer_redis, self._keys, ttl_s=settings.output_ttl_s, on_fenced=self._fenced_out
         )
-        self.scheduler = make_scheduler(settings.scheduler_config())
+        scheduler_config = settings.scheduler_config()
+        self.scheduler = make_scheduler(scheduler_config)
+        # Finished chat turns kept in the engine's prefix cache (``workers.retention``): tailcut only.
+        keep_alive = scheduler_config.keep_alive
+        self.keeper = (
+            PrefixKeeper(keep_alive, block_tokens=scheduler_config.kv_block_tokens)
+            if scheduler_config.policy == "tailcut" and keep_alive.enabled
+            else None
+        )
+        self._touches: set[asyncio.Task[None]] = set()
         self._entries: dict[str, IntakeEntry] = {}  # every entry held: waiting here or running
         self._tasks: dict[str, asyncio.Task[None]] = {}  # running requests
         self._lives: dict[str, RequestLifecycle] = {}  # their lifecycles
@@ -152,6 +162,7 @@ class Worker:
         self.num_degraded = 0
         self.num_yielded = 0
         self.num_engine_calls = 0
+        self.num_touches = 0  # keep-alive touches the engine ran
         self.outcomes: Counter[str] = Counter()  # deliveries ended, by outcome
         # How the scheduler's KV reservations fared, engine call by engine call (``workers.reservation``).
         self.reservations = ReservationRecord()
@@ -289,6 +300,10 @@ class Worker:
             await asyncio.wait(intake_tasks, timeout=self._settings.read_block_ms / 1000 + HELPERS_STOP_S)
             await self._hand_back_waiting()
             await self._drain()
+            for touch in list(self._touches):  # one-token requests: aborted, nothing is lost
+                touch.cancel()
+            if self._touches:
+                await asyncio.wait(self._touches, timeout=HELPERS_STOP_S)
             self._gone.set()
             for task in reversed(helpers):
                 task.cancel()
@@ -387,7 +402,10 @@ class Worker:
             entry.cancelled = True
         self.accepted.append((entry.message.id, time.monotonic()))
         self._entries[entry.message.id] = entry
-        self.scheduler.add(SchedRequest.of(entry.message))
+        message = entry.message
+        if self.keeper is not None and not message.generated_token_ids:
+            self.keeper.arrived(message.tier, message.tenant, message.prompt_token_ids)
+        self.scheduler.add(SchedRequest.of(message))
         self._wake.set()
 
     # --- scheduling ---------------------------------------------------------------------------
@@ -418,7 +436,15 @@ class Worker:
                 log.exception("schedule_round_failed")
 
     async def _schedule_round(self) -> None:
-        decision = self.scheduler.schedule(self.view(), now_ms())
+        view = self.view()
+        decision = self.scheduler.schedule(view, now_ms())
+        if self.keeper is not None and not self._stopping.is_set():
+            for admitted in decision.admit:
+                self.keeper.allocated(admitted.prompt_tokens)
+            for touch in self.keeper.due(now_ms(), free_kv_tokens=view.free_kv_tokens):
+                touching = asyncio.create_task(self._touch(touch), name=f"touch-{touch.id}")
+                self._touches.add(touching)
+                touching.add_done_callback(self._touches.discard)
         for request in decision.admit:
             entry = self._entries.get(request.id)
             if entry is None:  # never expected: the scheduler and the entry table disagree
@@ -552,9 +578,16 @@ class Worker:
         call = life.next_call()
         while True:
             finish_reason = await self._run_call(entry, life, call, emit)
+            if self.keeper is not None:
+                self.keeper.allocated(life.call_tokens)
             next_step = life.end_call(finish_reason, self.view)
             if isinstance(next_step, Finished):
                 emit(next_step.event, ack=True)
+                if self.keeper is not None:
+                    message = entry.message
+                    self.keeper.finished(
+                        message.id, message.tier, message.tenant, message.prompt_token_ids, life.generated, now_ms()
+                    )
                 return "final"
             if isinstance(next_step, Yield):
                 self.num_yielded += 1
@@ -623,6 +656,30 @@ class Worker:
                 if delta.finish_reason is not None:
                     finish_reason = delta.finish_reason
         return finish_reason
+
+    async def _touch(self, touch: Touch) -> None:
+        """One keep-alive touch: a one-token request of a kept turn's blocks, served from the prefix cache
+        (its output is dropped); the keeper learns how much of it the cache still held."""
+        assert self.keeper is not None
+        num_cached = 0
+        one_token = SamplingSpec(temperature=0.0, max_tokens=1)
+        deltas = self._engine.generate(
+            touch.id,
+            touch.token_ids,
+            one_token,
+            priority=TOUCH_PRIORITY,
+            cache_salt=self._settings.cache_salt(touch.tenant),
+        )
+        try:
+            async with contextlib.aclosing(deltas):
+                async for delta in deltas:
+                    num_cached = max(num_cached, delta.num_cached_tokens)
+            self.num_touches += 1
+        except (InvalidRequestError, EngineDeadError) as exc:
+            # The worker's own requests meet a dead engine too, and stop the worker: a touch only ends.
+            log_event(log, "prefix_touch_failed", logging.WARNING, error=str(exc))
+        finally:
+            self.keeper.touched(touch.id, num_cached)
 
     async def _record_latency(self, message: RequestMessage, first_chunk_ms: int | None) -> None:
         """Feed the breakers a finished request's latencies, from its enqueue time (best effort)."""

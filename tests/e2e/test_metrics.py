@@ -73,6 +73,10 @@ async def test_a_worker_exports_its_state_and_vllms_metrics_after_a_short_load(
         "tailcut_worker_preemptions_total",
         "tailcut_worker_yields_total",
         "tailcut_worker_degradations_total",
+        "tailcut_worker_keepalive_touches_total",
+        "tailcut_worker_keepalive_returns_total",
+        "tailcut_worker_keepalive_evicted_total",
+        "tailcut_worker_keepalive_kept_tokens",
     ):
         assert value(name) >= 0
     assert value("tailcut_breaker_state", tier="realtime") == 0

@@ -28,19 +28,34 @@ def test_block_keys_are_chained_and_salted_by_tenant() -> None:
 
 
 def test_a_finished_turn_is_touched_with_its_whole_blocks_and_one_token_more() -> None:
-    keep = keeper()
+    # Nothing allocates KV here: the LRU would keep the blocks as long as the keeper, which touches
+    # them once, half a TTL after they were freed.
+    keep = keeper(ttl_ms=10_000)
     keep.finished("r1", "realtime", "acme", tokens(0, 40), tokens(1000, 10), now_ms=0)
     assert keep.num_kept == 1 and keep.kept_tokens == 48
-    assert keep.due(50, free_kv_tokens=100_000) == []  # not yet: one period after it finished
-    (touch,) = keep.due(100, free_kv_tokens=100_000)
+    assert keep.due(4_999, free_kv_tokens=100_000) == []
+    (touch,) = keep.due(5_000, free_kv_tokens=100_000)
     assert touch.token_ids == tokens(0, 40) + tokens(1000, 9)  # 3 blocks of 16, then one token
     assert touch.num_hittable_tokens == 48 and touch.tenant == "acme" and touch.tier == "realtime"
-    assert keep.due(150, free_kv_tokens=100_000) == []  # in flight: not touched twice at once
+    assert keep.due(5_050, free_kv_tokens=100_000) == []
     keep.touched(touch.id, num_cached_tokens=48)
     assert keep.num_kept == 1
-    # Nothing allocates: the LRU keeps it for as long as the keeper does; touched again half a TTL on.
-    assert keep.due(100 + 14_000, free_kv_tokens=100_000) == []
-    assert len(keep.due(100 + 15_000, free_kv_tokens=100_000)) == 1
+    keep.due(10_001, free_kv_tokens=100_000)
+    assert keep.num_kept == 0  # its TTL is over
+
+
+def test_a_surge_of_allocations_brings_the_next_touch_forward() -> None:
+    keep = keeper(ttl_ms=60_000, min_period_ms=10)
+    keep.finished("r1", "realtime", "acme", tokens(0, 40), tokens(1000, 10), now_ms=0)
+    assert keep.due(0, free_kv_tokens=10_000) == []
+    # 10 KV tokens per ms from 100 ms on: 10,000 free tokens are gone in about a second.
+    touched_at = None
+    for now_ms in range(50, 2_000, 50):
+        keep.allocated(500)
+        if keep.due(now_ms, free_kv_tokens=10_000):
+            touched_at = now_ms
+            break
+    assert touched_at is not None and touched_at < 1_000, touched_at
 
 
 def test_only_the_kept_tiers_and_turns_with_a_whole_block_are_kept() -> None:
@@ -100,7 +115,7 @@ def test_expired_turns_and_the_oldest_over_the_kv_share_are_let_go() -> None:
 
 
 def test_a_touch_that_finds_its_prefix_evicted_ends_the_turn() -> None:
-    keep = keeper()
+    keep = keeper(ttl_ms=200)
     keep.finished("r1", "realtime", "acme", tokens(0, 64), tokens(1000, 1), now_ms=0)
     (touch,) = keep.due(100, free_kv_tokens=10**6)
     keep.touched(touch.id, num_cached_tokens=int(EVICTED_SHARE * touch.num_hittable_tokens) - 1)
@@ -108,11 +123,11 @@ def test_a_touch_that_finds_its_prefix_evicted_ends_the_turn() -> None:
 
 
 def test_the_same_prompt_again_keeps_only_the_newer_turn() -> None:
-    keep = keeper()
+    keep = keeper(ttl_ms=200)
     keep.finished("r1", "realtime", "acme", tokens(0, 40), tokens(1000, 9), now_ms=0)
     keep.finished("r2", "realtime", "acme", tokens(0, 40), tokens(2000, 9), now_ms=10)
     assert keep.num_kept == 1
-    (touch,) = keep.due(200, free_kv_tokens=10**6)
+    (touch,) = keep.due(110, free_kv_tokens=10**6)
     assert touch.token_ids[40:] == tokens(2000, 9)
 
 
