@@ -675,9 +675,10 @@ class Worker:
                 async for delta in deltas:
                     num_cached = max(num_cached, delta.num_cached_tokens)
             self.num_touches += 1
-        except (InvalidRequestError, EngineDeadError) as exc:
-            # The worker's own requests meet a dead engine too, and stop the worker: a touch only ends.
-            log_event(log, "prefix_touch_failed", logging.WARNING, error=str(exc))
+        except Exception as exc:
+            # A dead engine stops the worker through its own requests; a touch only ends (and its turn
+            # with it: it counts as found evicted).
+            log_event(log, "prefix_touch_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
         finally:
             self.keeper.touched(touch.id, num_cached)
 

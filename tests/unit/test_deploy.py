@@ -45,6 +45,7 @@ from tailcut.settings import CommonSettings
 from workers.gpu_memory import GpuMemoryMonitor
 from workers.metrics import worker_registry
 from workers.reservation import ReservationRecord
+from workers.retention import KeepAliveConfig, PrefixKeeper
 from workers.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -706,6 +707,7 @@ class _IdleWorker:
     warmup_stage = 3
     capacity_fraction = 1.0
     prefix_warmer = None
+    keeper = PrefixKeeper(KeepAliveConfig(), block_tokens=16)
     reservations = ReservationRecord()
     num_preempted = num_yielded = num_engine_calls = num_degraded = 0
     outcomes: typing.ClassVar[dict[str, int]] = {}
