@@ -120,6 +120,12 @@ def worker_env(config: SimConfig, time_scale: float) -> dict[str, str]:
         "FAIR_QUANTUM_TOKENS": scheduler.fair_quantum_tokens,
         "FAIR_MIN_WEIGHT": repr(scheduler.fair_min_weight),
         "FAIR_MAX_WEIGHT": repr(scheduler.fair_max_weight),
+        # The scheduler's clock-based sizes follow the stretched clock too: a window of 5 real s would
+        # average over 5 / time_scale simulated s, and a backlog drained "in 20 s" would take 16 times
+        # the room at ×16. The prefix keep-alive keeps a turn for as long in simulated time.
+        "TRAFFIC_WINDOW_MS": round(scheduler.traffic_window_ms * time_scale),
+        "BACKLOG_DRAIN_MS": round(scheduler.backlog_drain_ms * time_scale),
+        "KEEP_ALIVE_TTL_S": repr(scheduler.keep_alive.ttl_ms / 1000 * time_scale),
     }
     # The breakers and the heartbeat fallback judge latencies in real time: at their own thresholds a
     # pipeline slowed ×time_scale would trip them all the time (the heartbeat ends replies with

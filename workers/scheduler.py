@@ -68,12 +68,9 @@ def _urgency(request: SchedRequest) -> tuple[int, ...]:
 NORMAL_ROOM_MEMORY = 256
 # Weight of the newest request in a tier's cached share (``TailcutPolicy.prompt_cached``).
 CACHED_SHARE_WEIGHT = 1 / 64
-# The lower tiers' arrival rate and the realtime requests in flight are averaged over this long.
-TRAFFIC_WINDOW_MS = 5_000
-# The lower tiers' room covers their arrival rate and their backlog over this long, with this margin
-# (and a chunk to spare: prompts are admitted in whole chunks).
+# The lower tiers' room covers their arrival rate and their backlog (over ``backlog_drain_ms``) with
+# this margin (and a chunk to spare: prompts are admitted in whole chunks).
 DEMAND_MARGIN = 0.5
-BACKLOG_DRAIN_MS = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +146,8 @@ class TailcutPolicy(RunningTable):
         }
         self._cached_share: dict[Tier, float] = dict.fromkeys(self._prompts, 0.0)
         self._arrivals_since_normal = NORMAL_ROOM_MEMORY
-        self._lower_rate = PrefillRate(window_ms=TRAFFIC_WINDOW_MS)
-        self._realtime_in_flight = TimeAverage(window_ms=TRAFFIC_WINDOW_MS)
+        self._lower_rate = PrefillRate(window_ms=config.traffic_window_ms)
+        self._realtime_in_flight = TimeAverage(window_ms=config.traffic_window_ms)
         # The engine's prefill chunk in force: the configured one until the driver applied another.
         # The adaptive sizes act only once it did: they count on the engine chunking as asked.
         self._engine_chunk = config.prefill_chunk_tokens
@@ -357,7 +354,7 @@ class TailcutPolicy(RunningTable):
             lower_prefill = max(lower_prefill, normal_room + chunk)
             backlog = self._queued_tokens(list(self._normal()), view.backlog_of(tiers=("normal",)))
             backlog += self._queued_tokens(list(self._background), view.backlog_of(tiers=("background",)))
-            demand = view.step_ms * (lower_rate + backlog / BACKLOG_DRAIN_MS) * (1 + DEMAND_MARGIN) + chunk
+            demand = view.step_ms * (lower_rate + backlog / config.backlog_drain_ms) * (1 + DEMAND_MARGIN) + chunk
             lower_prefill = max(lower_prefill, min(int(demand), config.budget.max_tokens - decodes - reserve))
         num_realtime = sum(1 for request in self._running.values() if request.tier == "realtime")
         usual = self._realtime_in_flight.update(now_ms, num_realtime)

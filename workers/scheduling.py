@@ -123,6 +123,10 @@ class SchedulerConfig:
     adaptive: bool = True
     prompt_quantile: float = 0.99
     prompt_window: int = 512
+    # The lower tiers' arrival rate and the realtime requests in flight are averaged over this long;
+    # the lower tiers' room covers their backlog over ``backlog_drain_ms``.
+    traffic_window_ms: int = 5_000
+    backlog_drain_ms: int = 20_000
     # Background waits while the realtime requests in flight exceed their recent average by this
     # share: each step they all wait on is a step of their latency; it catches up in the lulls.
     background_gate_margin: float = 0.1
@@ -143,6 +147,11 @@ class SchedulerConfig:
             raise ValueError(
                 "background_gate_margin and background_gate_max_waiting must not be negative (0 waiting: no gate): "
                 f"{self.background_gate_margin}, {self.background_gate_max_waiting}"
+            )
+        if self.traffic_window_ms < 1 or self.backlog_drain_ms < 1:
+            raise ValueError(
+                f"traffic_window_ms and backlog_drain_ms must be at least 1: {self.traffic_window_ms}, "
+                f"{self.backlog_drain_ms}"
             )
         if not 0 < self.prompt_quantile <= 1 or self.prompt_window < 1:
             raise ValueError(

@@ -188,6 +188,16 @@ class SchedulerSettings(BaseModel):
         ge=0,
         description="... unless this many background requests wait (0: background never waits so).",
     )
+    traffic_window_ms: int = Field(
+        _SCHEDULER.traffic_window_ms,
+        ge=1,
+        description="The lower tiers' arrival rate and the realtime requests in flight are averaged over this long.",
+    )
+    backlog_drain_ms: int = Field(
+        _SCHEDULER.backlog_drain_ms,
+        ge=1,
+        description="While `adaptive`: the lower tiers' room covers their waiting prompts over this long.",
+    )
     max_cut_ins: int = Field(
         _SCHEDULER.max_cut_ins, ge=0, description="Realtime jumps ahead of older lower-tier work at most this often."
     )
@@ -259,6 +269,8 @@ class SchedulerSettings(BaseModel):
             prompt_window=self.prompt_window,
             background_gate_margin=self.background_gate_margin,
             background_gate_max_waiting=self.background_gate_max_waiting,
+            traffic_window_ms=self.traffic_window_ms,
+            backlog_drain_ms=self.backlog_drain_ms,
             fair_quantum_tokens=self.fair_quantum_tokens,
             fair_min_weight=self.fair_min_weight,
             fair_max_weight=self.fair_max_weight,

@@ -164,8 +164,16 @@ def test_the_live_worker_runs_the_virtual_runs_engine_and_scheduler_with_times_s
     scheduler = settings.scheduler_config()
     assert scheduler.policy == policy
     if policy == "tailcut":
-        scaled = replace(config.scheduler.budget, slack_margin_ms=config.scheduler.budget.slack_margin_ms * 8)
-        assert scheduler == replace(config.scheduler, budget=scaled)
+        virtual = config.scheduler
+        scaled = replace(virtual.budget, slack_margin_ms=virtual.budget.slack_margin_ms * 8)
+        keep_alive = replace(virtual.keep_alive, ttl_ms=virtual.keep_alive.ttl_ms * 8)
+        assert scheduler == replace(
+            virtual,
+            budget=scaled,
+            traffic_window_ms=virtual.traffic_window_ms * 8,
+            backlog_drain_ms=virtual.backlog_drain_ms * 8,
+            keep_alive=keep_alive,
+        )
     # The breakers and the heartbeat fallback judge real-time latencies: stretched by the time scale,
     # so the live run trips them where the same run at full speed would; the realtime breaker, which
     # the simulator does not model and which holds background back, never trips.
