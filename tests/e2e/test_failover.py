@@ -141,8 +141,8 @@ async def scenario(group: SentinelGroup, tiny_model: Path, engine: VllmEngine, d
                     await group.primary(other_than=primary)
                 else:
                     group.kill(primary)
-                    await group.primary(other_than=primary, replicated=False)
-                    group.restart(primary)  # back, empty: it becomes the new primary's replica
+                    promoted = await group.primary(other_than=primary, replicated=False)
+                    group.restart(primary, replica_of=promoted)  # back, empty, as the new primary's replica
                     await group.primary(other_than=primary)
                 recovered.set()
                 await asyncio.sleep(AFTER_S)

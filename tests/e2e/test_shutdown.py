@@ -323,6 +323,9 @@ def process_stack(folder: Path, model: Path) -> Iterator[ProcessStack]:
         stack.stop()
 
 
+JOB_COMPLETE = 'tailcut_jobs_total{status="complete"} 1.0'
+
+
 async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
     tiny_model: Path, engine: VllmEngine, tmp_path: Path
 ) -> None:
@@ -390,7 +393,14 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
             for reply in replies:
                 await resume(client, reply)
             view = await wait_for_job(client, created.json()["id"], timeout_s=180)
-            jobs_metrics = (await client.get(f"http://127.0.0.1:{stack.jobs_metrics_port}/metrics")).text
+            # The jobs process counts the job once Redis has answered its "complete", which the API
+            # may have read first: ask its metrics until the count is there (or 10 s have passed).
+            metrics_url = f"http://127.0.0.1:{stack.jobs_metrics_port}/metrics"
+            for _ in range(50):
+                jobs_metrics = (await client.get(metrics_url)).text
+                if JOB_COMPLETE in jobs_metrics:
+                    break
+                await asyncio.sleep(0.2)
     print(f"\nSIGTERM → every process gone: {stopped_after_s:.1f} s; (tokens, error) when cut: {cut}")
     assert all(tokens < length for tokens, _error in cut), "a stream had ended before the SIGTERM"
     for index, reply in enumerate(replies):
@@ -402,7 +412,7 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
     assert all(chunk["completion_tokens"] == 200 for chunk in view["result"]["chunks"])
     # The restarted jobs process ran the job to its end: the first one handed it back when stopped, or,
     # when Redis was gone before it could, its lease lapsed and the new one took the job at once.
-    assert 'tailcut_jobs_total{status="complete"} 1.0' in jobs_metrics
+    assert JOB_COMPLETE in jobs_metrics, jobs_metrics
 
 
 async def wait_for_job(client: httpx.AsyncClient, job_id: str, *, timeout_s: float) -> Any:
