@@ -22,6 +22,10 @@ import httpx
 from bench.chaos_client import Spec, StreamTrace, read_events, run_request, send_poison
 from bench.chaos_stack import ChaosStack
 
+# Positions as SSE ids on a stream that is not resumable (the load's requests are: they carry an
+# Idempotency-Key).
+EVENT_IDS = {"X-Tailcut-Event-Ids": "true"}
+
 FAULTS = ("kill_worker", "pause_engine", "restart_redis", "stop_worker")
 ENGINE_PAUSE_S = 1.5
 # The longest a request may take, resumes included, before it counts as lost.
@@ -85,15 +89,18 @@ def make_specs(rng: random.Random, count: int) -> list[Spec]:
 
 
 async def reference(client: httpx.AsyncClient, spec: Spec) -> list[int]:
-    """The uninterrupted greedy reply of ``spec`` (re-run if a stall happened to degrade it)."""
+    """The uninterrupted greedy reply of ``spec`` (re-run if a stall happened to degrade it). The trace
+    counts positions by SSE id, which a plain stream does not carry: the request asks for them."""
+    seen: list[str] = []
     for _ in range(3):
         trace = StreamTrace(spec)
-        async with client.stream("POST", "/v1/completions", json=spec.body()) as response:
+        async with client.stream("POST", "/v1/completions", json=spec.body(), headers=EVENT_IDS) as response:
             response.raise_for_status()
             await read_events(response, trace)
         if trace.terminal == "final" and trace.degraded is None:
             return trace.token_ids()
-    raise RuntimeError(f"no undisturbed reference run for request {spec.index}")
+        seen.append(f"{trace.terminal or 'no terminal event'}, {trace.last_id} positions, degraded: {trace.degraded}")
+    raise RuntimeError(f"no undisturbed reference run for request {spec.index}: {'; '.join(seen)}")
 
 
 async def load_loop(
