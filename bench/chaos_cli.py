@@ -62,5 +62,5 @@ def command(args: Any) -> None:
     else:
         print_summary(Console(), counts)
         console.log(f"process logs in {log_dir}")
-    bad = counts["lost"] + counts["duplicate_chunks"] + counts["missing_chunks"] + counts["different_from_reference"]
+    bad = counts["lost"] + counts["duplicate_chunks"] + counts["missing_tokens"] + counts["different_from_reference"]
     sys.exit(1 if bad or counts["idempotency_violations"] else 0)

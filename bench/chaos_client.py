@@ -63,8 +63,13 @@ class StreamTrace:
         return [token for position in sorted(self.tokens) for token in self.tokens[position]]
 
     def missing(self) -> int:
-        """Positions below the last one seen that never arrived."""
-        return sum(1 for position in range(1, self.last_id) if position not in self.tokens)
+        """Tokens a completed reply lacks: it asked for exactly ``max_tokens`` (``ignore_eos``). Counted
+        in tokens, not positions: a frame carries the tokens of every position up to its id (the API
+        joins a stream's pending chunks into one frame at the last one's position), so skipped ids are
+        no gap; a lost position shows here, and in the comparison with the reference."""
+        if self.terminal != "final" or self.degraded is not None:
+            return 0
+        return max(0, self.spec.max_tokens - len(self.token_ids()))
 
     def see(self, event_id: int | None, payload: Any, now: float) -> None:
         if not isinstance(payload, dict):
@@ -77,7 +82,7 @@ class StreamTrace:
             self.degraded = payload["tailcut"]
         if event_id is None:
             return
-        if event_id in self.tokens:
+        if event_id <= self.last_id:  # positions only grow: a repeat, or one out of order
             self.duplicates += 1
             return
         choice = payload["choices"][0] if payload.get("choices") else {}

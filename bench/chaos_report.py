@@ -19,7 +19,7 @@ HEADLINE = (
     "failed",
     "lost",
     "duplicate_chunks",
-    "missing_chunks",
+    "missing_tokens",
     "different_from_reference",
 )
 
@@ -58,7 +58,7 @@ def summary(result: ChaosResult) -> dict[str, Any]:
         "failed": outcomes.count("failed"),
         "lost": outcomes.count("lost"),
         "duplicate_chunks": sum(trace.duplicates for trace in accepted),
-        "missing_chunks": sum(trace.missing() for trace in accepted),
+        "missing_tokens": sum(trace.missing() for trace in accepted),
         "different_from_reference": len(different),
     }
     counts |= {
@@ -91,7 +91,7 @@ def print_summary(console: Console, counts: dict[str, Any]) -> None:
     for key in HEADLINE:
         style = (
             "bold red"
-            if key in ("lost", "duplicate_chunks", "missing_chunks", "different_from_reference", "failed")
+            if key in ("lost", "duplicate_chunks", "missing_tokens", "different_from_reference", "failed")
             and counts[key]
             else ""
         )

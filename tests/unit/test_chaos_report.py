@@ -25,6 +25,11 @@ def test_a_stream_is_judged_by_its_positions() -> None:
     again = trace_of((1, chunk([7])), (1, chunk([7])), (3, chunk([9])), (4, chunk([], "length")))
     assert (whole.terminal, whole.duplicates, whole.missing(), whole.token_ids()) == ("final", 0, 0, [7, 8, 9])
     assert (again.duplicates, again.missing()) == (1, 1)
+    # The API joins a stream's pending chunks into one frame at the last one's position: no gap.
+    joined = trace_of((2, chunk([7, 8])), (3, chunk([9])), (4, chunk([], "length")))
+    assert (joined.duplicates, joined.missing(), joined.token_ids()) == (0, 0, [7, 8, 9])
+    late = trace_of((1, chunk([7])), (3, chunk([8, 9])), (2, chunk([8])), (4, chunk([], "length")))
+    assert (late.duplicates, late.missing(), late.token_ids()) == (1, 0, [7, 8, 9])
 
 
 def test_outcomes_and_the_comparison_with_the_reference() -> None:
