@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from signal import Signals
 from typing import Any
 
 from arq.connections import ArqRedis
@@ -34,10 +35,22 @@ async def analyze_logs(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str
         raise Retry(defer=REDIS_RETRY_DEFER_S) from exc
 
 
-def build_worker(runner: JobRunner, pool: ArqRedis, *, handle_signals: bool) -> Worker:
+class JobsWorker(Worker):
+    """arq's worker, remembering that it was told to stop: ``run_worker`` starts arq's loop again
+    after a Redis error, and must not when the stop came first (arq's stop cancels only the main
+    task it has then, which a Redis error may already have ended)."""
+
+    stopping = False
+
+    def handle_sig(self, signum: Signals) -> None:
+        self.stopping = True
+        super().handle_sig(signum)
+
+
+def build_worker(runner: JobRunner, pool: ArqRedis, *, handle_signals: bool) -> JobsWorker:
     """The arq worker of a jobs process. Results are never logged (they quote the logs)."""
     settings = runner.settings
-    return Worker(
+    return JobsWorker(
         functions=[func(analyze_logs, name=JOB_FUNCTION, max_tries=JOB_MAX_TRIES)],
         queue_name=runner.keys.arq_queue,
         redis_pool=pool,
@@ -54,18 +67,21 @@ def build_worker(runner: JobRunner, pool: ArqRedis, *, handle_signals: bool) -> 
     )
 
 
-async def run_worker(worker: Worker) -> None:
+async def run_worker(worker: JobsWorker) -> None:
     """Run the arq worker until it is stopped; arq stops by cancelling its own main task.
 
     arq's polling loop has no error handling of its own: when Redis fails under it (a restart, a
     Sentinel failover while no primary is known), its main task ends with the error. The jobs it
     runs go on (each handles Redis errors itself), and the loop starts again after a pause, so the
-    process follows Redis back without a restart."""
-    while True:
+    process follows Redis back without a restart — unless it was told to stop meanwhile (a test's
+    teardown once hung on an arq loop started again after ``close_worker``)."""
+    while not worker.stopping:
         try:
             await worker.async_run()
             return
         except RedisError as exc:
+            if worker.stopping:
+                return
             log_event(log, "jobs_redis_unavailable", logging.WARNING, error=str(exc), retry_s=REDIS_RETRY_DEFER_S)
             # The pause stands as arq's main task, so a stop signal meanwhile cancels it as it would the loop.
             worker.main_task = asyncio.ensure_future(asyncio.sleep(REDIS_RETRY_DEFER_S))
@@ -87,9 +103,10 @@ def _cancelled_from_outside() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-async def close_worker(worker: Worker, pool: ArqRedis) -> None:
+async def close_worker(worker: JobsWorker, pool: ArqRedis) -> None:
     """Stop the arq worker: cancel its running jobs (each cancels its requests and goes back to the
     queue) and close the pool. Does what ``Worker.close()`` does, with redis-py's ``aclose``."""
+    worker.stopping = True
     for task in worker.tasks.values():
         task.cancel()
     if worker.main_task is not None:

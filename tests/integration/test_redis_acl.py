@@ -25,14 +25,13 @@ import redis
 import redis.asyncio as aioredis
 from arq.constants import abort_jobs_ss
 from arq.jobs import Job, JobStatus
-from arq.worker import Worker as ArqWorker
 from arq.worker import func
 from redis.exceptions import AuthenticationError, NoPermissionError
 
 from admission.shedding import Backlog
 from api.settings import ApiSettings
 from api.status import live_workers
-from jobs.arq_worker import build_worker, close_worker, run_worker
+from jobs.arq_worker import JobsWorker, build_worker, close_worker, run_worker
 from jobs.runner import JobRunner
 from jobs.settings import JobsSettings
 from queues import dlq, drain, events, intake, output, requests
@@ -469,7 +468,7 @@ async def test_the_jobs_user_runs_arq_jobs_and_their_requests(acl_redis: AclRedi
         # arq: the API enqueues, the jobs process's arq worker runs one job and has another aborted.
         api_arq = connect_arq(acl_redis.url("api"), queue_name=KEYS.arq_queue, timeout_s=2.0)
         jobs_arq = connect_arq(acl_redis.url("jobs"), queue_name=KEYS.arq_queue, timeout_s=2.0)
-        worker = ArqWorker(
+        worker = JobsWorker(
             functions=[func(analyze, name=JOB_FUNCTION, max_tries=2)],
             queue_name=KEYS.arq_queue,
             redis_pool=jobs_arq,

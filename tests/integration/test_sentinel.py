@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 import redis.asyncio as aioredis
-from arq.worker import Worker, func
+from arq.worker import func
 from redis.exceptions import RedisError
 
-from jobs.arq_worker import close_worker, run_worker
+from jobs.arq_worker import JobsWorker, close_worker, run_worker
 from queues import intake
 from queues.connection import connect, connect_blocking
 from queues.intake import NotReplicatedError
@@ -197,7 +197,7 @@ async def test_the_jobs_process_arq_loop_outlives_a_failover(group: SentinelGrou
         return word
 
     pool = connect_arq(group.endpoint, queue_name=queue, timeout_s=1.0)
-    worker = Worker(functions=[func(note, name="note")], queue_name=queue, redis_pool=pool, handle_signals=False,
+    worker = JobsWorker(functions=[func(note, name="note")], queue_name=queue, redis_pool=pool, handle_signals=False,
                     poll_delay=0.05, job_serializer=pool.job_serializer, job_deserializer=pool.job_deserializer)  # fmt: skip
     task = asyncio.create_task(run_worker(worker))
     try:
