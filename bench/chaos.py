@@ -19,12 +19,13 @@ from typing import Any
 
 import httpx
 
+from api.streaming import EVENT_IDS_HEADER
 from bench.chaos_client import Spec, StreamTrace, read_events, run_request, send_poison
 from bench.chaos_stack import ChaosStack
 
 # Positions as SSE ids on a stream that is not resumable (the load's requests are: they carry an
 # Idempotency-Key).
-EVENT_IDS = {"X-Tailcut-Event-Ids": "true"}
+EVENT_IDS = {EVENT_IDS_HEADER: "true"}
 
 FAULTS = ("kill_worker", "pause_engine", "restart_redis", "stop_worker")
 ENGINE_PAUSE_S = 1.5

@@ -187,12 +187,12 @@ async def tokens_written(redis: aioredis.Redis, keys: Keys, request_ids: set[str
     """How many tokens of each request are in its durable output stream; None once its terminal event
     is there. Tokens, not positions: a position carries several tokens when the writer fell behind, so
     a count of positions cannot tell a reply mid-way from one at its end."""
-    written: dict[str, int | None] = {}
-    for request_id in request_ids:
-        events = await read_output(redis, keys, request_id, from_seq=1)
-        ended = any(event.terminal for event in events)
-        written[request_id] = None if ended else sum(len(event.token_ids) for event in events)
-    return written
+    ids = list(request_ids)
+    outputs = await asyncio.gather(*(read_output(redis, keys, request_id, from_seq=1) for request_id in ids))
+    return {
+        request_id: None if any(event.terminal for event in events) else sum(len(event.token_ids) for event in events)
+        for request_id, events in zip(ids, outputs, strict=True)
+    }
 
 
 def assert_one_whole_reply(reply: Reply, reference: Reply) -> None:
