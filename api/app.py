@@ -18,6 +18,7 @@ from api import admin, debug, errors, health, jobs_routes, openai_routes, openap
 from api.answers import AnswerCache, model_identity
 from api.auth import KeyCache
 from api.bodylimit import BodyLimit
+from api.fastpath import FastPath
 from api.limits import LEASE_S
 from api.metrics import ApiMetrics
 from api.metrics_port import MetricsPortOnly
@@ -140,6 +141,7 @@ def create_app(
             log_event(log, "api_stopped", api_id=settings.api_id)
 
     app = FastAPI(title="tailcut", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(FastPath)  # the innermost of ours: after the port and body checks
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.api_metrics_port:
         app.add_middleware(MetricsPortOnly, port=settings.api_metrics_port)

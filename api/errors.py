@@ -87,6 +87,12 @@ def error_response(exc: TailcutError, headers: dict[str, str] | None = None) -> 
     )
 
 
+def unexpected_response(exc: Exception) -> OrjsonResponse:
+    """A 500 for an exception nothing expected: logged here, its details kept from the client."""
+    log_event(log, "unexpected_error", logging.ERROR, error=repr(exc))
+    return OrjsonResponse(error_body("internal error; see the server log", "internal_error"), status_code=500)
+
+
 # Parts of a validation error's location that name a union's branch, not a field ("constrained-str", "list[str]").
 TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
 # Where a parameter came from, the first part of its location: the parameter is named without it.
@@ -164,5 +170,4 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> OrjsonResponse:
-        log_event(log, "unexpected_error", logging.ERROR, error=repr(exc))
-        return OrjsonResponse(error_body("internal error; see the server log", "internal_error"), status_code=500)
+        return unexpected_response(exc)
