@@ -12,7 +12,9 @@ its ``alive`` check whether the request still exists in Redis; if not (Redis los
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import redis.asyncio as aioredis
@@ -27,6 +29,8 @@ from tailcut.logs import log_event
 log = logging.getLogger("tailcut.replies")
 
 FIRST_POLL_S = 0.5
+# How often the router looks for silent readers: a poll comes up to this much after its interval.
+SWEEP_S = 0.1
 STOP_WAIT_S = 5.0
 
 
@@ -45,11 +49,25 @@ class ReplyStream:
         self.next_seq = next_seq
         self._router = router
         self._alive = alive
-        self._inbox: asyncio.Queue[OutputEvent | None] = asyncio.Queue()
+        self._inbox: list[OutputEvent | None] = []
+        # While the reader waits: what wakes it, since when, and after how long a silence it looks in Redis.
+        self._waiter: asyncio.Future[None] | None = None
+        self._waiting_since_s = 0.0
+        self._poll_s = FIRST_POLL_S
 
     def deliver(self, event: OutputEvent | None) -> None:
         """Called by the router: a live event, or ``None`` to ask for a re-read from Redis."""
-        self._inbox.put_nowait(event)
+        self._inbox.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def poll(self, now_s: float, *, max_s: float) -> None:
+        """Called by the router's sweep: a reader silent for its poll interval looks in Redis, and waits
+        twice as long (up to ``max_s``) before the next look unless something arrives meanwhile."""
+        if self._waiter is not None and not self._inbox and now_s - self._waiting_since_s >= self._poll_s:
+            self._poll_s = min(self._poll_s * 2, max_s)
+            self.deliver(None)
 
     async def events(self) -> AsyncIterator[OutputEvent]:
         """Yield events in sequence order, each once, until the terminal event."""
@@ -60,21 +78,20 @@ class ReplyStream:
     async def batches(self) -> AsyncIterator[list[OutputEvent]]:
         """The same events, grouped as they arrived together (never empty); the last list ends with the
         terminal event."""
-        poll_s = FIRST_POLL_S
+        # No timer per wait: the router's sweep wakes a reader that has heard nothing for its poll interval.
+        loop = asyncio.get_running_loop()
         while True:
-            try:
-                # Not asyncio.wait_for: on Python 3.11 it drops a cancellation that arrives together
-                # with an event, and the consumer would read on to the end of the reply.
-                async with asyncio.timeout(poll_s):
-                    first = await self._inbox.get()
-            except TimeoutError:
-                first = None
-                poll_s = min(poll_s * 2, self._router.poll_max_s)
-            else:
-                poll_s = FIRST_POLL_S
-            batch = [first]
-            while not self._inbox.empty():
-                batch.append(self._inbox.get_nowait())
+            if not self._inbox:
+                self._waiter = loop.create_future()
+                self._waiting_since_s = time.monotonic()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            batch, self._inbox = self._inbox, []
+            first = batch[0]
+            if any(event is not None for event in batch):
+                self._poll_s = FIRST_POLL_S
             ordered = await self._order(batch)
             if first is None and not ordered and not await self._still_there():
                 yield [lost_event(self.request_id, self.next_seq)]
@@ -130,12 +147,14 @@ class ReplyRouter:
         self._streams: dict[str, ReplyStream] = {}
         self._subscribed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self.num_gap_filled = 0
         self._stopped = False
 
     async def start(self, *, wait_s: float) -> None:
         """Subscribe (in the background, reconnecting forever); wait up to ``wait_s`` for the first."""
         self._task = asyncio.create_task(self._listen(), name="reply-router")
+        self._sweeper = asyncio.create_task(self._sweep(), name="reply-sweep")
         try:
             async with asyncio.timeout(wait_s):
                 await self._subscribed.wait()
@@ -144,6 +163,10 @@ class ReplyRouter:
 
     async def stop(self) -> None:
         self._stopped = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         if self._task is not None:
             self._task.cancel()
             # The loop also ends by itself on _stopped, in case a library swallows the cancellation.
@@ -175,6 +198,13 @@ class ReplyRouter:
         except RedisError as exc:
             log_event(log, "output_read_failed", logging.WARNING, rid=request_id, error=str(exc))
             return []
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now_s = time.monotonic()
+            for stream in list(self._streams.values()):
+                stream.poll(now_s, max_s=self.poll_max_s)
 
     def _dispatch(self, data: bytes) -> None:
         for event in loads_events(data):
