@@ -66,6 +66,11 @@ def entry_fields(message: RequestMessage) -> dict[bytes, bytes | int]:
     return {MESSAGE_FIELD: message.dumps(), TOKENS_FIELD: message.cost_tokens()}
 
 
+def entry_args(message: RequestMessage) -> list[bytes | int]:
+    """``entry_fields`` as XADD's field-value arguments."""
+    return [MESSAGE_FIELD, message.dumps(), TOKENS_FIELD, message.cost_tokens()]
+
+
 class NotReplicatedError(RedisError):
     """No replica confirmed an intake entry within the wait; the entry was withdrawn (not accepted)."""
 

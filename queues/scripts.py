@@ -8,7 +8,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 _registered: weakref.WeakKeyDictionary[aioredis.Redis, dict[str, AsyncScript]] = weakref.WeakKeyDictionary()
 
@@ -60,12 +60,30 @@ async def execute_packed(redis: aioredis.Redis, packed: bytes) -> Any:
     its pool, and read its reply (an error reply is raised). redis-py's lock around a single connection
     is not taken: such a client must have one caller at a time (the output writer's has: one write in
     flight, nothing else on it)."""
+    return (await execute_packed_all(redis, packed, num_replies=1))[0]
+
+
+async def execute_packed_all(redis: aioredis.Redis, packed: bytes, *, num_replies: int) -> list[Any]:
+    """``execute_packed`` for several commands packed one after another (a pipeline without redis-py's
+    pipeline object): every reply is read, so the connection stays in step, and the first error reply
+    is raised after. A connection error or a cancelled read drops the connection (redis-py's
+    ``read_response`` does), so a reply left unread never reaches the next caller."""
     await redis.initialize()
     own = redis.connection
     connection = own or await redis.connection_pool.get_connection()
     try:
         await connection.send_packed_command(packed)
-        return await connection.read_response()
+        replies: list[Any] = []
+        failed: ResponseError | None = None
+        for _ in range(num_replies):
+            try:
+                replies.append(await connection.read_response())
+            except ResponseError as exc:
+                failed = failed or exc
+                replies.append(exc)
+        if failed is not None:
+            raise failed
+        return replies
     finally:
         if own is None:
             await redis.connection_pool.release(connection)

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from admission.shedding import Backlog, ShedLimits
-from queues import intake
+from queues import intake, scripts
 from queues.connection import check_redis, connect, connect_blocking
 from queues.keys import Keys
 from queues.messages import OutputEvent, RequestMessage, SamplingSpec, dumps_events
@@ -214,6 +215,27 @@ async def test_the_output_writer_reloads_its_script_on_a_redis_that_lost_it(free
         finally:
             await own.aclose()
             await pooled.aclose()
+
+
+async def test_packed_commands_read_every_reply_and_raise_the_first_error(redis: aioredis.Redis) -> None:
+    """``scripts.execute_packed_all`` (the intake's one round trip): an error reply in the middle is raised
+    after the replies behind it are read, so the connection a later command gets is in step."""
+    key = unique_prefix() + "packed"
+    packed = b"".join(
+        scripts.pack_command(command)
+        for command in ([b"SET", key, b"v"], [b"LPUSH", key, b"x"], [b"APPEND", key, b"w"])
+    )
+    own = aioredis.Redis(connection_pool=redis.connection_pool, single_connection_client=True)
+    try:
+        for client in (redis, own):
+            await redis.delete(key)
+            with pytest.raises(ResponseError, match="WRONGTYPE"):
+                await scripts.execute_packed_all(client, packed, num_replies=3)
+            assert await client.get(key) == b"vw"  # the APPEND behind the error ran, and its reply was read
+            assert await scripts.execute_packed_all(client, packed[: packed.index(b"*3", 1)], num_replies=1) == [b"OK"]
+    finally:
+        await own.aclose()
+        await redis.delete(key)
 
 
 async def test_consumer_group_is_recreated_after_flushall(free_port: int) -> None:
