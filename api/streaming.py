@@ -25,6 +25,7 @@ from starlette.requests import Request
 from api.errors import error_body_of
 from api.metrics import RequestTracker
 from api.render import Renderer
+from api.responses import DONE
 from api.shutdown import resume_hint, resume_where
 from api.state import ApiState
 from queues import output, requests
@@ -33,7 +34,6 @@ from queues.replies import ReplyStream
 from tailcut.errors import DeadlineExceededError, InvalidRequestError, ServiceUnavailableError, TailcutError
 
 T = TypeVar("T")
-DONE = b"data: [DONE]\n\n"
 EVENT_IDS_HEADER = "x-tailcut-event-ids"
 
 
