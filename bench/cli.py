@@ -356,6 +356,11 @@ def _add_overhead_parser(bench_sub: argparse._SubParsersAction[argparse.Argument
         action="store_false",
         help="skip measuring the client against a canned SSE server",
     )
+    overhead.add_argument(
+        "--clients",
+        default="httpx,raw",
+        help="the clients measured, comma-separated (default: httpx,raw; the targets read the raw client's)",
+    )
     overhead.add_argument("--out", help="folder for overhead.json, the plot and the processes' logs")
     overhead.set_defaults(func=cmd_overhead)
 

@@ -165,9 +165,10 @@ def measure_client_ceilings(
     num_requests: Callable[[int], int],
     output_tokens: int,
     timeout_s: float,
+    clients: Sequence[ClientKind] = CLIENTS,
 ) -> list[LevelResult]:
     """The clients with the same load against the canned SSE server (a separate process): the raw client
-    at every level (what the targets compare with), the httpx client at the highest."""
+    at every level (what the targets compare with), the httpx client at the highest (when measured)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="tailcut-canned-") as folder:
         argv = [sys.executable, "-c", CANNED_SERVER, str(port), str(output_tokens)]
@@ -175,7 +176,9 @@ def measure_client_ceilings(
         try:
             wait_for_port(port, child)
             url = f"http://127.0.0.1:{port}"
-            plan: list[tuple[ClientKind, int]] = [("raw", level) for level in streams] + [("httpx", max(streams))]
+            plan: list[tuple[ClientKind, int]] = [("raw", level) for level in streams]
+            if "httpx" in clients:
+                plan.append(("httpx", max(streams)))
 
             async def measure() -> list[LevelResult]:
                 await warm_up(url, "canned", workload, concurrency=min(max(streams), 8), count=WARMUP_REQUESTS)
@@ -243,6 +246,7 @@ def run(
     timeout_s: float,
     client_ceiling: bool,
     log_dir: Path,
+    clients: Sequence[ClientKind] = CLIENTS,
     progress: Progress,
     step_ms: float = 0.0,
     policy: str = "tailcut",
@@ -274,7 +278,7 @@ def run(
 
         async def measure_all() -> None:
             await warm_up(stack.url, model, workload, concurrency=min(top, 8), count=WARMUP_REQUESTS)
-            for client in CLIENTS:
+            for client in clients:
                 for level in streams:
                     count = requests_per_level or default_num_requests(level, request_s=request_s)
                     progress(f"{client} client, {level} concurrent streams, {count} requests of {output_tokens} tokens")
@@ -296,13 +300,15 @@ def run(
         ready_s = stack.ready_s
     ceilings = []
     if client_ceiling:
-        progress(f"clients' ceilings against a canned SSE server: raw at {list(streams)} streams, httpx at {top}")
+        httpx = f", httpx at {top}" if "httpx" in clients else ""
+        progress(f"clients' ceilings against a canned SSE server: raw at {list(streams)} streams{httpx}")
         ceilings = measure_client_ceilings(
             workload,
             streams=streams,
             num_requests=lambda level: requests_per_level or default_num_requests(level, request_s=request_s),
             output_tokens=output_tokens,
             timeout_s=timeout_s,
+            clients=clients,
         )
     report = OverheadReport(
         model=model,
@@ -322,6 +328,15 @@ def run(
 
 
 # --- the command ----------------------------------------------------------------------------------------
+
+
+def parse_clients(text: str) -> list[ClientKind]:
+    """``--clients``: a comma-separated subset of ``CLIENTS``, in the order measured."""
+    clients = [client for client in CLIENTS if client in text.split(",")]
+    unknown = set(text.split(",")) - set(CLIENTS)
+    if unknown or not clients:
+        raise FatalError(f"--clients takes a comma-separated subset of {','.join(CLIENTS)}, got {text!r}")
+    return clients
 
 
 def command(args: Any) -> None:
@@ -354,6 +369,7 @@ def command(args: Any) -> None:
             requests_per_level=args.requests_per_level,
             timeout_s=args.timeout_s,
             client_ceiling=args.client_ceiling,
+            clients=parse_clients(args.clients),
             log_dir=log_dir,
             progress=status_console.log,
             step_ms=args.step_ms,

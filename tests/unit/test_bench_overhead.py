@@ -434,3 +434,11 @@ def test_rounds_alternate_and_pool_into_one_run_per_system() -> None:
     assert level.output_tokens_per_s == pytest.approx(80 / 4.0)  # total tokens over total time
     assert level.result.cpu_s == {"api": 2.0}
     assert level.result.ttft_ms is not None and level.result.ttft_ms.p50 == pytest.approx(20.0)
+
+
+def test_clients_are_a_subset_in_the_order_measured() -> None:
+    assert overhead.parse_clients("raw") == ["raw"]
+    assert overhead.parse_clients("raw,httpx") == ["httpx", "raw"]
+    for wrong in ("", "raw,curl", "httpx,"):
+        with pytest.raises(FatalError, match="--clients"):
+            overhead.parse_clients(wrong)
