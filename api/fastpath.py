@@ -17,7 +17,6 @@ rendered as the app's exception handlers render it (``api.errors``).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,8 +31,6 @@ from api.errors import error_response, unexpected_response
 from api.openai_routes import chat_completions, completions
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from tailcut.errors import TailcutError
-
-log = logging.getLogger("tailcut.api")
 
 Endpoint = Callable[[Any, Request], Awaitable[Response]]
 

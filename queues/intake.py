@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, ResponseError
 
 from queues import fencing, scripts
@@ -61,13 +60,8 @@ async def ensure_groups(redis: aioredis.Redis, keys: Keys) -> None:
                 raise
 
 
-def entry_fields(message: RequestMessage) -> dict[bytes, bytes | int]:
-    """The fields of the intake entry that carries ``message``."""
-    return {MESSAGE_FIELD: message.dumps(), TOKENS_FIELD: message.cost_tokens()}
-
-
 def entry_args(message: RequestMessage) -> list[bytes | int]:
-    """``entry_fields`` as XADD's field-value arguments."""
+    """The field-value arguments of the intake entry that carries ``message``."""
     return [MESSAGE_FIELD, message.dumps(), TOKENS_FIELD, message.cost_tokens()]
 
 
@@ -80,31 +74,38 @@ async def enqueue(
 ) -> str:
     """Append the request to its intake stream; returns the entry id. Accepted once this returns
     (with ``replicas``, see ``append``)."""
-    async with redis.pipeline(transaction=False) as pipe:
-        return await append(pipe, keys, message, replicas=replicas, wait_ms=wait_ms)
+    return await append(redis, keys, message, replicas=replicas, wait_ms=wait_ms)
 
 
 async def append(
-    pipe: Pipeline, keys: Keys, message: RequestMessage, *, replicas: int, wait_ms: int, recorded: bool = False
+    redis: aioredis.Redis,
+    keys: Keys,
+    message: RequestMessage,
+    *,
+    replicas: int,
+    wait_ms: int,
+    before: Sequence[bytes] = (),
+    recorded: bool = False,
 ) -> str:
-    """Queue the XADD of ``message`` after what ``pipe`` holds already, run it all in one round trip,
-    and return the entry id.
+    """Send the commands ``before`` (packed, ``scripts.pack_command``) and the XADD of ``message`` in one
+    write on one connection, and return the entry id. Packed here rather than through redis-py's
+    pipeline object, which cost the API more CPU than the rest of accepting a request (BENCHMARKS.md).
 
-    With ``replicas`` the same round trip ends in ``WAIT replicas wait_ms``, which Redis answers once
-    that many replicas have every write of this connection so far (the pipeline's one connection):
-    the request then survives a failover to any of them. When fewer confirm in time the entry is
-    withdrawn — deleted, and a cancel tombstone keeps a worker that already read it from running it —
-    and ``NotReplicatedError`` says so: the caller answers that the request was not accepted.
-    ``recorded``: the request has a record (``queues.requests``), withdrawn with it."""
+    With ``replicas`` the same write ends in ``WAIT replicas wait_ms``, which Redis answers once that
+    many replicas have every write of this connection so far: the request then survives a failover to
+    any of them. When fewer confirm in time the entry is withdrawn — deleted, and a cancel tombstone
+    keeps a worker that already read it from running it — and ``NotReplicatedError`` says so: the
+    caller answers that the request was not accepted. ``recorded``: the request has a record
+    (``queues.requests``), withdrawn with it."""
     stream = keys.intake(message.tier, message.bucket)
-    pipe.xadd(stream, entry_fields(message))  # type: ignore[arg-type]
+    commands = [*before, scripts.pack_command((b"XADD", stream, b"*", *entry_args(message)))]
     if replicas:
-        pipe.execute_command("WAIT", replicas, wait_ms)
-    replies = await pipe.execute()
-    raw = replies[-2] if replicas else replies[-1]
+        commands.append(scripts.pack_command((b"WAIT", replicas, wait_ms)))
+    replies = await scripts.execute_packed_all(redis, b"".join(commands), num_replies=len(commands))
+    raw = replies[len(before)]
     entry_id = raw.decode() if isinstance(raw, bytes) else str(raw)
     if replicas and int(replies[-1]) < replicas:
-        await withdraw(pipe, keys, message.id, stream, entry_id, recorded=recorded)
+        await withdraw(redis, keys, message.id, stream, entry_id, recorded=recorded)
         raise NotReplicatedError(
             f"no replica confirmed the request within {wait_ms} ms (intake durability 'replica'); "
             "it was not accepted and can be sent again"
@@ -112,15 +113,18 @@ async def append(
     return entry_id
 
 
-async def withdraw(pipe: Pipeline, keys: Keys, request_id: str, stream: str, entry_id: str, *, recorded: bool) -> None:
+async def withdraw(
+    redis: aioredis.Redis, keys: Keys, request_id: str, stream: str, entry_id: str, *, recorded: bool
+) -> None:
     """Take back an intake entry nobody was told was accepted: a worker that already holds it finds
     the cancel tombstone and drops it."""
-    pipe.set(keys.cancelled(request_id), b"1", ex=WITHDRAWN_TTL_S)
-    pipe.publish(keys.cancel_channel, request_id.encode())
-    pipe.xdel(stream, entry_id)
-    if recorded:
-        pipe.delete(keys.request(request_id))
-    await pipe.execute()
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.set(keys.cancelled(request_id), b"1", ex=WITHDRAWN_TTL_S)
+        pipe.publish(keys.cancel_channel, request_id.encode())
+        pipe.xdel(stream, entry_id)
+        if recorded:
+            pipe.delete(keys.request(request_id))
+        await pipe.execute()
 
 
 async def read(

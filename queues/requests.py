@@ -17,7 +17,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from queues import scripts
-from queues.intake import append, entry_args
+from queues.intake import append
 from queues.keys import Keys
 from queues.messages import RequestMessage
 
@@ -96,19 +96,10 @@ async def enqueue(
     """Store the record (unless ``claim`` stored it: a resumable request) and append the request to
     its intake stream, in one round trip: accepted once this returns (``replicas``: see
     ``intake.append``; a withdrawn request's record goes with it)."""
-    if replicas:
-        async with redis.pipeline(transaction=False) as pipe:
-            if not record.resumable:
-                pipe.set(keys.request(record.id), record.dumps(), ex=ttl_s)
-            await append(pipe, keys, message, replicas=replicas, wait_ms=wait_ms, recorded=True)
-        return
-    # The commands a pipeline would send, packed here: redis-py's pipeline object cost the API more CPU
-    # than the rest of accepting a request (BENCHMARKS.md, cost per token).
-    stream = keys.intake(message.tier, message.bucket)
-    commands = [scripts.pack_command([b"XADD", stream, b"*", *entry_args(message)])]
+    store: tuple[bytes, ...] = ()
     if not record.resumable:
-        commands.insert(0, scripts.pack_command([b"SET", keys.request(record.id), record.dumps(), b"EX", ttl_s]))
-    await scripts.execute_packed_all(redis, b"".join(commands), num_replies=len(commands))
+        store = (scripts.pack_command((b"SET", keys.request(record.id), record.dumps(), b"EX", ttl_s)),)
+    await append(redis, keys, message, replicas=replicas, wait_ms=wait_ms, before=store, recorded=True)
 
 
 async def load(redis: aioredis.Redis, keys: Keys, request_id: str) -> RequestRecord | None:
