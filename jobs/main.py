@@ -2,7 +2,8 @@
 
 No engine here: the jobs process only tokenizes, enqueues chunk requests and reads their answers; the
 GPU workers run them. On a signal it cancels its running jobs' requests and hands the jobs back to
-arq's queue, where the next jobs process resumes them.
+arq's queue, where the next jobs process resumes them; when Redis does not answer the hand-back, it
+stops after ``CLOSE_WAIT_S`` anyway and its lease lapsing hands them back.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import Any
+
+from redis.exceptions import RedisError
 
 from jobs.arq_worker import build_worker, close_worker, run_worker
 from jobs.runner import JobRunner
@@ -18,6 +22,7 @@ from queues.connection import check_redis
 from queues.jobs import connect_arq
 from tailcut.exposition import serve_metrics
 from tailcut.logs import log_event
+from tailcut.loopwatch import dump_stacks
 from tailcut.models import resolve_model
 
 log = logging.getLogger("tailcut.jobs")
@@ -25,6 +30,13 @@ log = logging.getLogger("tailcut.jobs")
 # arq's polling loop has no error handling of its own (``run_worker`` restarts it after a Redis error):
 # a generous timeout keeps a merely slow Redis from interrupting it.
 ARQ_REDIS_TIMEOUT_S = 10.0
+# Handing the running jobs back to arq's queue takes milliseconds; when Redis does not answer (stopping
+# too, say), the stop waits this long and goes on without: the jobs process's lease then lapses, and
+# the next jobs process takes its jobs within seconds (queues.jobs.JobLeases).
+CLOSE_WAIT_S = 5.0
+# A stop that has not ended this long after the signal logs every task's and thread's stack (the stop
+# itself goes on: a supervisor's or Kubernetes' grace period decides when to kill).
+SLOW_STOP_REPORT_S = 15.0
 
 
 async def serve(settings: JobsSettings) -> None:
@@ -37,8 +49,17 @@ async def serve(settings: JobsSettings) -> None:
         pool = connect_arq(settings.redis, queue_name=runner.keys.arq_queue, timeout_s=ARQ_REDIS_TIMEOUT_S)
         worker = build_worker(runner, pool, handle_signals=False)
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(_redis_errors_in_one_line)
+
+        def stop(signum: signal.Signals) -> None:
+            if not worker.stopping:
+                loop.call_later(SLOW_STOP_REPORT_S, _report_slow_stop)
+            worker.handle_sig(signum)
+
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, worker.handle_sig, signum)
+            loop.add_signal_handler(signum, stop, signum)
+        # `kill -USR1 <pid>`: every task's and thread's stack into the log, as a worker does.
+        loop.add_signal_handler(signal.SIGUSR1, lambda: log_event(log, "stacks", stacks="\n" + dump_stacks()))
         log_event(
             log,
             "jobs_started",
@@ -50,9 +71,34 @@ async def serve(settings: JobsSettings) -> None:
         try:
             await run_worker(worker)
         finally:
-            await close_worker(worker, pool)
+            try:
+                async with asyncio.timeout(CLOSE_WAIT_S):
+                    await close_worker(worker, pool)
+            except TimeoutError:
+                log_event(
+                    log,
+                    "jobs_not_handed_back",
+                    logging.WARNING,
+                    after_s=CLOSE_WAIT_S,
+                    why="Redis does not answer; the next jobs process takes the jobs once this one's lease lapses",
+                )
+                await pool.aclose(close_connection_pool=True)
             leases.cancel()
             await asyncio.gather(leases, return_exceptions=True)
             log_event(log, "jobs_stopped", runner=settings.jobs_runner_id)
     finally:
         await runner.close()
+
+
+def _redis_errors_in_one_line(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A background task that ended with a Redis error (arq's hand-back of a job, left behind by a stop
+    that Redis did not answer) is one warning line; anything else keeps asyncio's report."""
+    error = context.get("exception")
+    if isinstance(error, RedisError):
+        log_event(log, "redis_error_in_background", logging.WARNING, error=str(error), where=context.get("message"))
+    else:
+        loop.default_exception_handler(context)
+
+
+def _report_slow_stop() -> None:
+    log_event(log, "jobs_stop_slow", logging.WARNING, after_s=SLOW_STOP_REPORT_S, stacks="\n" + dump_stacks())

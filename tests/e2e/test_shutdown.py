@@ -303,6 +303,10 @@ class ProcessStack:
         for child in self.children:
             child.process.send_signal(signal.SIGTERM)
 
+    def running(self) -> list[Child]:
+        """The children still running (their logs end with the stacks that the stop's watch wrote)."""
+        return [child for child in self.children if child.process.poll() is None]
+
     async def exit_codes(self, timeout_s: float) -> dict[str, int | None]:
         deadline = time.monotonic() + timeout_s
         while any(child.process.poll() is None for child in self.children) and time.monotonic() < deadline:
@@ -385,6 +389,7 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
         assert codes == {"redis": 0, "worker": 0, "jobs": 0, "api": -signal.SIGTERM}, (
             f"not every process stopped cleanly after SIGTERM: {codes}; "
             + "; ".join(f"{child.name}: {child.log_errors()}" for child in stack.children)
+            + "".join(f"\n--- {child.name}, still running:\n{child.log_tail(400)}" for child in stack.running())
         )
         assert "api_stopped" in (tmp_path / "api-1.log").read_text(), "the API did not shut down in order"
         stack.start()
