@@ -341,10 +341,10 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
     completes with every chunk answered."""
     prompts = [list(range(40 + index, 72 + index)) for index in range(4)]
     tiers = ["realtime", "normal", "normal", "background"]
-    length = 600
+    length, job_tokens = 400, 100  # the streams are cut after about 80 tokens, the job after its start
     expected = [await reference_ids(engine, prompt, length, f"reference-term-{i}") for i, prompt in enumerate(prompts)]
     job = {"lines": [f"10:00:0{i} worker-{i} WARN queue depth {i}" for i in range(8)], "instruction": "Which queue?",
-           "chunk_lines": 2, "max_tokens": 200, "ignore_eos": True}  # fmt: skip
+           "chunk_lines": 2, "max_tokens": job_tokens, "ignore_eos": True}  # fmt: skip
     replies = [Reply() for _ in prompts]
     with process_stack(tmp_path, tiny_model) as stack:
         stack.start()
@@ -414,7 +414,7 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
         assert reply.finish_reason == "length" and reply.error is None
     assert view["status"] == "complete", view
     assert view["progress"] == {"done": 4, "failed": 0, "total": 4}
-    assert all(chunk["completion_tokens"] == 200 for chunk in view["result"]["chunks"])
+    assert all(chunk["completion_tokens"] == job_tokens for chunk in view["result"]["chunks"])
     # The restarted jobs process ran the job to its end: the first one handed it back when stopped, or,
     # when Redis was gone before it could, its lease lapsed and the new one took the job at once.
     assert JOB_COMPLETE in jobs_metrics, jobs_metrics
