@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import sys
 import time
@@ -21,7 +20,7 @@ from jobs.main import CLOSE_WAIT_S
 from queues.connection import connect
 from queues.jobs import JOB_FUNCTION, JobSpec, JobStore, connect_arq
 from queues.keys import Keys
-from tailcut.processes import Child, free_port, redis_answers, start_child, stop_child
+from tailcut.processes import RedisServer, private_redis, start_child, stop_child
 from tests.conftest import TEST_MAX_MODEL_LEN
 
 # arq's own Redis timeout is 10 s, and a stop waited on it twice (about 21 s measured) before
@@ -30,28 +29,18 @@ STOP_BOUND_S = CLOSE_WAIT_S + 7
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[tuple[str, Child]]:
-    port = free_port()
-    redis_server = shutil.which("redis-server")
-    assert redis_server is not None
-    argv = [redis_server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    child = start_child("redis", argv, log_path=tmp_path / "redis.log")
-    url = f"redis://127.0.0.1:{port}/0"
-    deadline = time.monotonic() + 10
-    while not redis_answers(url):
-        assert time.monotonic() < deadline, "redis-server did not start"
-        time.sleep(0.05)
-    try:
-        yield url, child
-    finally:
-        child.process.send_signal(signal.SIGCONT)
-        stop_child(child, timeout_s=5)
+def own_redis() -> Iterator[RedisServer]:
+    with private_redis() as server:
+        try:
+            yield server
+        finally:
+            server.child.process.send_signal(signal.SIGCONT)  # stop_child's SIGTERM must reach it
 
 
 async def test_a_stop_that_redis_does_not_answer_ends_within_seconds(
-    own_redis: tuple[str, Child], tiny_model: Path, tmp_path: Path
+    own_redis: RedisServer, tiny_model: Path, tmp_path: Path
 ) -> None:
-    url, redis_child = own_redis
+    url, redis_child = own_redis.url, own_redis.child
     keys = Keys(f"t{uuid.uuid4().hex[:8]}:")
     env = {
         **os.environ,
