@@ -108,14 +108,18 @@ return 1
 """
 
 # Resets the idle time of the entries the caller still owns. KEYS: fence_1, stream_1, ...
-# ARGV: group, consumer, then per entry: token, entry id. Returns the indices of fenced entries.
+# ARGV: group, consumer, then per entry: token, entry id. Returns the indices of fenced entries: those
+# whose token is another's. An entry whose token is gone was acknowledged, its request finished — most
+# often by the caller itself, a moment before it let the entry go — and is neither kept nor fenced (a
+# former owner still writing is refused at its next write).
 KEEP_CLAIMED = """
 local fenced = {}
 for i = 1, #KEYS / 2 do
   local token, id = ARGV[2 * i + 1], ARGV[2 * i + 2]
-  if token ~= '0' and redis.call('GET', KEYS[2 * i - 1]) ~= token then
+  local current = token ~= '0' and redis.call('GET', KEYS[2 * i - 1])
+  if current and current ~= token then
     fenced[#fenced + 1] = i
-  else
+  elseif current or token == '0' then
     redis.call('XCLAIM', KEYS[2 * i], ARGV[1], ARGV[2], 0, id, 'JUSTID')
   end
 end
