@@ -9,6 +9,7 @@ stops after ``CLOSE_WAIT_S`` anyway and its lease lapsing hands them back.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from typing import Any
@@ -22,7 +23,7 @@ from queues.connection import check_redis
 from queues.jobs import connect_arq
 from tailcut.exposition import serve_metrics
 from tailcut.logs import log_event
-from tailcut.loopwatch import dump_stacks
+from tailcut.loopwatch import log_stacks
 from tailcut.models import resolve_model
 
 log = logging.getLogger("tailcut.jobs")
@@ -53,13 +54,14 @@ async def serve(settings: JobsSettings) -> None:
 
         def stop(signum: signal.Signals) -> None:
             if not worker.stopping:
-                loop.call_later(SLOW_STOP_REPORT_S, _report_slow_stop)
+                slow = functools.partial(log_stacks, log, "jobs_stop_slow", logging.WARNING, after_s=SLOW_STOP_REPORT_S)
+                loop.call_later(SLOW_STOP_REPORT_S, slow)
             worker.handle_sig(signum)
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop, signum)
         # `kill -USR1 <pid>`: every task's and thread's stack into the log, as a worker does.
-        loop.add_signal_handler(signal.SIGUSR1, lambda: log_event(log, "stacks", stacks="\n" + dump_stacks()))
+        loop.add_signal_handler(signal.SIGUSR1, log_stacks, log)
         log_event(
             log,
             "jobs_started",
@@ -98,7 +100,3 @@ def _redis_errors_in_one_line(loop: asyncio.AbstractEventLoop, context: dict[str
         log_event(log, "redis_error_in_background", logging.WARNING, error=str(error), where=context.get("message"))
     else:
         loop.default_exception_handler(context)
-
-
-def _report_slow_stop() -> None:
-    log_event(log, "jobs_stop_slow", logging.WARNING, after_s=SLOW_STOP_REPORT_S, stacks="\n" + dump_stacks())

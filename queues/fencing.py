@@ -110,8 +110,8 @@ return 1
 # Resets the idle time of the entries the caller still owns. KEYS: fence_1, stream_1, ...
 # ARGV: group, consumer, then per entry: token, entry id. Returns the indices of fenced entries: those
 # whose token is another's. An entry whose token is gone was acknowledged, its request finished — most
-# often by the caller itself, a moment before it let the entry go — and is neither kept nor fenced (a
-# former owner still writing is refused at its next write).
+# often by the caller itself, a moment before it let the entry go — and is neither kept nor fenced: a
+# former owner is refused at its next write (one that still held it waiting runs it until then).
 KEEP_CLAIMED = """
 local fenced = {}
 for i = 1, #KEYS / 2 do

@@ -10,7 +10,7 @@
   its work too slow (an exhausted pool).
 - **Stacks**: ``dump_stacks()`` is every asyncio task's and every thread's stack as text — what one
   would get with ``gdb`` and ``thread apply all bt``, in Python terms — for the API's admin-only
-  ``GET /debug/stacks`` and a worker's SIGUSR1.
+  ``GET /debug/stacks``; ``log_stacks`` writes it into the log (a worker's or jobs process's SIGUSR1).
 """
 
 from __future__ import annotations
@@ -162,3 +162,9 @@ def dump_stacks() -> str:
         out.write(f"\nthread {name} ({ident})\n")
         out.write("".join(traceback.format_stack(frame)))
     return out.getvalue()
+
+
+def log_stacks(logger: logging.Logger, event: str = "stacks", level: int = logging.INFO, **fields: object) -> None:
+    """``dump_stacks()`` into the process's log as one ``event`` (a worker's or jobs process's SIGUSR1,
+    a stop that takes too long)."""
+    log_event(logger, event, level, **fields, stacks="\n" + dump_stacks())

@@ -10,7 +10,7 @@ import signal
 from queues.connection import check_redis, connect, connect_blocking
 from tailcut.exposition import serve_metrics
 from tailcut.logs import log_event
-from tailcut.loopwatch import LoopWatch, dump_stacks
+from tailcut.loopwatch import LoopWatch, log_stacks
 from tailcut.models import resolve_model
 from warmup.prefixes import QaEntry, load_qa, plan
 from workers.engines.base import Engine
@@ -86,7 +86,7 @@ async def serve(settings: WorkerSettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, worker.stop)
     # `kill -USR1 <pid>`: every task's and thread's stack into the log (the API has GET /debug/stacks).
-    loop.add_signal_handler(signal.SIGUSR1, lambda: log_event(log, "stacks", stacks="\n" + dump_stacks()))
+    loop.add_signal_handler(signal.SIGUSR1, log_stacks, log)
     try:
         await worker.run()
     finally:

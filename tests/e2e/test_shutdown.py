@@ -304,12 +304,11 @@ class ProcessStack:
             child.process.send_signal(signal.SIGTERM)
 
     def running(self) -> list[Child]:
-        """The children still running (their logs end with the stacks that the stop's watch wrote)."""
         return [child for child in self.children if child.process.poll() is None]
 
     async def exit_codes(self, timeout_s: float) -> dict[str, int | None]:
         deadline = time.monotonic() + timeout_s
-        while any(child.process.poll() is None for child in self.children) and time.monotonic() < deadline:
+        while self.running() and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         return {child.name: child.process.poll() for child in self.children}
 

@@ -31,10 +31,7 @@ STOP_BOUND_S = CLOSE_WAIT_S + 7
 @pytest.fixture
 def own_redis() -> Iterator[RedisServer]:
     with private_redis() as server:
-        try:
-            yield server
-        finally:
-            server.child.process.send_signal(signal.SIGCONT)  # stop_child's SIGTERM must reach it
+        yield server
 
 
 async def test_a_stop_that_redis_does_not_answer_ends_within_seconds(
@@ -72,7 +69,7 @@ async def test_a_stop_that_redis_does_not_answer_ends_within_seconds(
             await asyncio.sleep(0.1)
         took_s = time.monotonic() - stopped_at
     finally:
-        redis_child.process.send_signal(signal.SIGCONT)
+        redis_child.process.send_signal(signal.SIGCONT)  # for the clients' close, and private_redis's SIGTERM
         await arq.aclose(close_connection_pool=True)
         await redis.aclose()
         stop_child(jobs, timeout_s=5)
