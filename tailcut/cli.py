@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from tailcut import aio, jobs_cli, keys_cli, logs
 from tailcut.errors import ConfigError, TailcutError
+from tailcut.processes import exit_without_a_last_collection
 
 # Sub-commands that other distributions (or tailcut's own extras) add: `bench = "bench.cli:add_parser"`.
 COMMANDS_GROUP = "tailcut.commands"
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    exit_without_a_last_collection()
     try:
         args.func(args)
     except TailcutError as exc:

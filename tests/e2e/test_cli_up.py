@@ -132,7 +132,7 @@ def test_tailcut_up_reads_the_environment_and_its_children_die_with_it(
         "TAILCUT_KEY_PREFIX": f"up{free_port}:",
         "TAILCUT_ENGINE__KV_CACHE_MEMORY_BYTES": str(64 << 20),
     }
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default: the engine core in a process of its own
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the worker's own default decides
     command = [sys.executable, "-m", "tailcut", "up"]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with printed_lines(process) as printed:
@@ -149,6 +149,9 @@ def test_tailcut_up_reads_the_environment_and_its_children_die_with_it(
             # The worker's vLLM engine core is a grandchild: PDEATHSIG of the worker alone misses it.
             worker = next(pid for pid, row in tree.items() if "tailcut worker" in row[2])
             assert any(row[0] == worker for row in tree.values()), f"no engine process under the worker: {commands}"
+            # On CPU the model runs in the engine core (README): no model process of its own under it.
+            core = next(pid for pid, row in tree.items() if row[0] == worker and "EngineCore" in row[2])
+            assert not any(row[0] == core for row in tree.values()), f"a process under the engine core: {commands}"
             kill_and_expect_all_gone(process, tree, "tailcut up")
         finally:
             if process.poll() is None:

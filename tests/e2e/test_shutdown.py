@@ -166,12 +166,17 @@ async def test_a_stopping_worker_hands_back_what_waits_and_what_outlasts_its_dra
     every client gets the greedy tokens, each position once."""
     caplog.set_level(logging.INFO, logger="tailcut.worker")
     prompts = [list(range(30 + index, 62 + index)) for index in range(3)]
-    lengths = [1500, 300, 300]
-    expected = [
-        await reference_ids(engine, prompt, length, f"reference-stop-{index}")
-        for index, (prompt, length) in enumerate(zip(prompts, lengths, strict=True))
-    ]
-    fast = {"max_running": 1, "heartbeat_s": 0.1, "reclaim_interval_s": 0.1, "drain_timeout_s": 0.3}
+    lengths = [800, 200, 200]  # the first outlasts the 1.5 s drain: 2.7 s even at 300 tokens/s (here ~130)
+    expected = await asyncio.gather(
+        *(
+            reference_ids(engine, prompt, length, f"reference-stop-{index}")
+            for index, (prompt, length) in enumerate(zip(prompts, lengths, strict=True))
+        )
+    )
+    # The drain (1.5 s) outlasts the heartbeat's word (2 beats of 0.5 s): a worker that stopped beating
+    # at stop() would be taken over before its drain ended. Faster beats made a loaded test process's
+    # scheduling delays (a few hundred ms) look like a death.
+    fast = {"max_running": 1, "heartbeat_s": 0.5, "reclaim_interval_s": 0.1, "drain_timeout_s": 1.5}
     replies = [Reply() for _ in prompts]
     async with running_stack(redis_url, tiny_model, None) as stack, contextlib.AsyncExitStack() as workers:
 
@@ -202,7 +207,7 @@ async def test_a_stopping_worker_hands_back_what_waits_and_what_outlasts_its_dra
             async with asyncio.timeout(120):
                 await asyncio.gather(*tasks)
     reclaimed = [record for record in caplog.records if "request_reclaimed" in record.getMessage()]
-    assert stop_took_s < 0.3 + 3.0, f"the stop took {stop_took_s:.1f} s"
+    assert stop_took_s < fast["drain_timeout_s"] + 3.0, f"the stop took {stop_took_s:.1f} s"
     assert stopping.num_preempted == 1, "the request that outlasted the drain was not handed back"
     assert not reclaimed, "a draining worker's request was taken over as if it had died"
     assert set(survivor.served_ids) == {reply.request_id for reply in replies}
@@ -341,7 +346,9 @@ async def test_sigterm_to_every_process_of_the_stack_loses_nothing(
     prompts = [list(range(40 + index, 72 + index)) for index in range(4)]
     tiers = ["realtime", "normal", "normal", "background"]
     length, job_tokens = 400, 100  # the streams are cut after about 80 tokens, the job after its start
-    expected = [await reference_ids(engine, prompt, length, f"reference-term-{i}") for i, prompt in enumerate(prompts)]
+    expected = await asyncio.gather(
+        *(reference_ids(engine, prompt, length, f"reference-term-{i}") for i, prompt in enumerate(prompts))
+    )
     job = {"lines": [f"10:00:0{i} worker-{i} WARN queue depth {i}" for i in range(8)], "instruction": "Which queue?",
            "chunk_lines": 2, "max_tokens": job_tokens, "ignore_eos": True}  # fmt: skip
     replies = [Reply() for _ in prompts]

@@ -75,14 +75,17 @@ def _die_with_parent() -> None:
     """In a process vLLM started (its engine core, its model workers), die with the process that
     started it: a worker SIGKILLed without a word must not leave its engine running (holding the GPU's
     memory, so that the worker restarted in its place cannot start). The worker process itself, which
-    loads plugins too, is left alone: it may outlive its own parent (a shell, ``nohup``)."""
+    loads plugins too, is left alone: it may outlive its own parent (a shell, ``nohup``). These processes
+    also exit without the interpreter's last collection (``tailcut.cli`` does the same for the worker
+    process), or the engine takes 5 s and a SIGKILL to stop."""
     import multiprocessing
 
     parent = multiprocessing.parent_process()
     if parent is not None and parent.pid is not None:
-        from tailcut.processes import die_with_parent
+        from tailcut.processes import die_with_parent, exit_without_a_last_collection
 
         die_with_parent(parent.pid)
+        exit_without_a_last_collection()
 
 
 def register() -> None:
