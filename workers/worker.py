@@ -60,6 +60,8 @@ CANCELS_HEARD_S = 30.0
 HAND_BACK_S = 5.0
 # On stop, how long the output writer may try to write what it holds (Redis may be down).
 WRITER_CLOSE_S = 5.0
+# On stop, once one of the waits above has run out (Redis does not answer), each later one waits this long.
+REDIS_UNANSWERED_WAIT_S = 1.0
 
 
 class Emit(Protocol):
@@ -128,6 +130,7 @@ class Worker:
         self._room = asyncio.Event()
         self._stopping = asyncio.Event()
         self._gone = asyncio.Event()  # set once the drain is over: the heartbeat stops
+        self._redis_unanswered_at_stop = False  # a wait of the stop for Redis ran out: shorten the rest
         self._fatal: BaseException | None = None
         self._backlog: dict[tuple[Tier, Bucket], int] = {}
         self._stream_of: dict[str, tuple[Tier, Bucket]] = {
@@ -313,14 +316,15 @@ class Worker:
             for task in stuck:
                 log_event(log, "helper_did_not_stop", logging.WARNING, task=task.get_name())
             try:
-                async with asyncio.timeout(WRITER_CLOSE_S):
+                async with asyncio.timeout(self._stop_wait_s(WRITER_CLOSE_S)):
                     await self._writer.close()
             except TimeoutError:
                 # Redis does not answer. Nothing unwritten was acknowledged: whoever takes the entries
                 # over resumes them from what is in Redis.
+                self._redis_unanswered_at_stop = True
                 log_event(log, "output_not_written_at_stop", logging.WARNING, worker=self.worker_id)
             with contextlib.suppress(RedisError, TimeoutError):
-                async with asyncio.timeout(WRITER_CLOSE_S):
+                async with asyncio.timeout(self._stop_wait_s(WRITER_CLOSE_S)):
                     await self._writer_redis.aclose()
             await self.breakers.close()
             with contextlib.suppress(RedisError):
@@ -853,12 +857,13 @@ class Worker:
                     raise RedisError("the output of earlier requests could not be written")
                 # As it is: a fresh request stays fresh (its last output time, if any, is unchanged).
                 # The flush waits for every request's output, which a Redis that is gone never takes.
-                async with asyncio.timeout(HAND_BACK_S):
+                async with asyncio.timeout(self._stop_wait_s(HAND_BACK_S)):
                     await self._writer.flush()
                 if await intake.requeue(self._redis, self._keys, entry, entry.message) is not None:
                     handed += 1
             except (RedisError, TimeoutError) as exc:
                 redis_gone = redis_gone or isinstance(exc, TimeoutError)
+                self._redis_unanswered_at_stop = self._redis_unanswered_at_stop or redis_gone
                 log_event(log, "hand_back_failed", logging.WARNING, rid=request.id, error=str(exc) or "timed out")
             if self._entries.get(request.id) is entry:
                 del self._entries[request.id]
@@ -876,7 +881,8 @@ class Worker:
         for request_id in running:
             self.preempt(request_id)
         log_event(log, "requests_handed_back", worker=self.worker_id, running=len(running))
-        _done, stuck = await asyncio.wait(pending, timeout=HAND_BACK_S)
+        _done, stuck = await asyncio.wait(pending, timeout=self._stop_wait_s(HAND_BACK_S))
+        self._redis_unanswered_at_stop = self._redis_unanswered_at_stop or bool(stuck)
         # Redis does not answer: what could not be handed back stays pending in Redis, taken over once
         # the heartbeat stops. A task waiting on Redis ends after a few cancellations (each ends one
         # wait: the requeue, then the final flush), never by waiting.
@@ -888,6 +894,12 @@ class Worker:
             _done, stuck = await asyncio.wait(stuck, timeout=1.0)
         if stuck:
             log_event(log, "requests_not_handed_back", logging.WARNING, worker=self.worker_id, tasks=len(stuck))
+
+    def _stop_wait_s(self, bound_s: float) -> float:
+        """How long a step of the stop may wait for Redis: its own bound, or a second once an earlier
+        step's wait ran out (Redis does not answer; waiting the whole bound again only delays the exit,
+        and what is left pending in Redis is taken over all the same)."""
+        return REDIS_UNANSWERED_WAIT_S if self._redis_unanswered_at_stop else bound_s
 
     # --- helpers loops ------------------------------------------------------------------------
 
