@@ -847,23 +847,22 @@ class Worker:
         stream, atomically with its acknowledgement, for another worker to read at once. One that
         cannot go back stays pending in Redis, taken over once the heartbeat stops."""
         handed = 0
-        redis_gone = False
         for request in list(self.scheduler.waiting()):
             entry = self._entries.get(request.id)
             if entry is None or self.scheduler.remove(request.id) is None:
                 continue
             try:
-                if redis_gone:
+                if self._redis_unanswered_at_stop:
                     raise RedisError("the output of earlier requests could not be written")
                 # As it is: a fresh request stays fresh (its last output time, if any, is unchanged).
                 # The flush waits for every request's output, which a Redis that is gone never takes.
-                async with asyncio.timeout(self._stop_wait_s(HAND_BACK_S)):
+                async with asyncio.timeout(HAND_BACK_S):
                     await self._writer.flush()
                 if await intake.requeue(self._redis, self._keys, entry, entry.message) is not None:
                     handed += 1
             except (RedisError, TimeoutError) as exc:
-                redis_gone = redis_gone or isinstance(exc, TimeoutError)
-                self._redis_unanswered_at_stop = self._redis_unanswered_at_stop or redis_gone
+                if isinstance(exc, TimeoutError):
+                    self._redis_unanswered_at_stop = True
                 log_event(log, "hand_back_failed", logging.WARNING, rid=request.id, error=str(exc) or "timed out")
             if self._entries.get(request.id) is entry:
                 del self._entries[request.id]

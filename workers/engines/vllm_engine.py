@@ -89,9 +89,9 @@ class VllmEngine:
         if on_cpu:
             # The model runs in the engine-core process itself (vLLM's "uni" executor, its default for one
             # device) instead of in a third process that vLLM's CPU platform adds unless told otherwise:
-            # one process fewer to start (24 s to ready instead of 42 s here) and no shared-memory hop
-            # between the two at every step (139 against 76 tokens/s for one stream, 1,149 against 890
-            # for 16, on two cores). vLLM's own server runs so in ``tailcut bench vs-vllm``, too.
+            # one process fewer to start (about 10 s less on two cores) and no shared-memory hop between
+            # the two at every step (1.2-1.4x the tokens/s for one stream; scripts/cpu-engine-processes,
+            # BENCHMARKS.md). vLLM's own server runs so in ``tailcut bench vs-vllm``, too.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         started = time.monotonic()
         llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
