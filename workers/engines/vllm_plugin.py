@@ -71,7 +71,7 @@ def _step_tokens(core: Any) -> list[int]:
     return recorded
 
 
-def _die_with_parent() -> None:
+def _as_a_child_of_the_worker() -> None:
     """In a process vLLM started (its engine core, its model workers), die with the process that
     started it: a worker SIGKILLed without a word must not leave its engine running (holding the GPU's
     memory, so that the worker restarted in its place cannot start). The worker process itself, which
@@ -91,7 +91,7 @@ def _die_with_parent() -> None:
 def register() -> None:
     from vllm.v1.engine.core import EngineCore
 
-    _die_with_parent()
+    _as_a_child_of_the_worker()
 
     setattr(EngineCore, SET_BUDGET, _set_token_budget)
     setattr(EngineCore, SET_PREFILL_CHUNK, _set_prefill_chunk)
