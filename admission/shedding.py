@@ -10,7 +10,9 @@ simulator's counts its own queue, so ``tailcut bench policies`` measures what th
 
 "Waiting" is the intake streams' lag (entries no worker has read yet), polled every
 ``shed_probe_interval_s``, plus the requests this process admitted since the last poll, so a burst
-between two polls cannot run past the bound. Requests a worker has read ahead into its local queue
+between two polls cannot run past the bound. An admission whose XADD and the poll cross each other is
+counted once: the poll also says up to which entry id its count goes (``intake.lags``), and the
+admission knows its entry's id. Requests a worker has read ahead into its local queue
 (at most ``TAILCUT_SCHEDULER__PREFETCH`` per tier) are not counted. The bound is on requests, not on
 queued tokens (DESIGN.md names both): a count bounds the wait well enough when the tier's lengths are
 bounded, as the length buckets keep them. The queued tokens are measured too (each entry carries its
@@ -34,6 +36,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from queues import intake
+from queues.intake import EntryKey, entry_key
 from queues.keys import BUCKETS, TIERS, Bucket, Keys, Tier
 from tailcut.logs import log_event
 
@@ -91,7 +94,12 @@ class Backlog:
         # The tokens those entries will cost the engine (``intake.queued_tokens``), summed about once a second.
         self.tokens: dict[tuple[Tier, Bucket], int] = dict.fromkeys(self.depth, 0)
         self._tokens_at: float | None = None
+        # Per stream: the last probe counted every entry up to this id; this process's admissions after it.
+        self._upto: dict[str, EntryKey] = dict.fromkeys(self._keys_of, (0, 0))
+        self._unprobed: dict[str, list[EntryKey]] = {stream: [] for stream in self._keys_of}
         self._admitted: dict[Tier, int] = dict.fromkeys(TIERS, 0)
+        # Admissions the last probe counted, whose XADD had returned only after it ran.
+        self._counted_late: dict[Tier, int] = dict.fromkeys(TIERS, 0)
         # Requests per second the workers read from each tier's streams (smoothed).
         self._drain_rps: dict[Tier, float] = dict.fromkeys(TIERS, 0.0)
         self._probed_at: float | None = None
@@ -105,8 +113,15 @@ class Backlog:
         drained = int(self._drain_rps[tier] * since_s)
         return max(self._probed[tier], self._probed[tier] + self._admitted[tier] - drained)
 
-    def admitted(self, tier: Tier) -> None:
-        self._admitted[tier] += 1
+    def admitted(self, tier: Tier, bucket: Bucket, entry_id: str) -> None:
+        """This process appended ``entry_id`` to the tier's ``bucket`` stream."""
+        stream = self._streams[tier][BUCKETS.index(bucket)]
+        key = entry_key(entry_id)
+        if key <= self._upto[stream]:
+            self._counted_late[tier] += 1
+        else:
+            self._unprobed[stream].append(key)
+            self._admitted[tier] += 1
 
     def retry_after_s(self, tier: Tier, limit: int) -> int:
         """Seconds until the tier's queue has drained below ``limit`` at the recent drain rate."""
@@ -117,19 +132,27 @@ class Backlog:
         return max(1, min(RETRY_AFTER_MAX_S, math.ceil(excess / rate)))
 
     async def probe(self) -> None:
-        lags = await intake.backlog(self._redis, [stream for streams in self._streams.values() for stream in streams])
+        lags = await intake.lags(self._redis, list(self._keys_of))
         now = time.monotonic()
         elapsed = now - self._probed_at if self._probed_at is not None else 0.0
         for tier, streams in self._streams.items():
+            counted, later = self._counted_late[tier], 0  # this process's admissions the probe holds, and not
             for bucket, stream in zip(BUCKETS, streams, strict=True):
-                self.depth[tier, bucket] = lags.get(stream, 0)
-            lag = sum(lags.get(stream, 0) for stream in streams)
+                lag = lags[stream]
+                self.depth[tier, bucket] = lag.waiting
+                self._upto[stream] = lag.upto
+                unprobed = self._unprobed[stream]
+                self._unprobed[stream] = [key for key in unprobed if key > lag.upto]
+                counted += len(unprobed) - len(self._unprobed[stream])
+                later += len(self._unprobed[stream])
+            waiting = sum(self.depth[tier, bucket] for bucket in BUCKETS)
             if elapsed > 0:
                 # Read by workers since the last probe: what was there, plus what came, minus what is left.
-                drained = max(0, self._probed[tier] + self._admitted[tier] - lag)
+                drained = max(0, self._probed[tier] + counted - waiting)
                 self._drain_rps[tier] += DRAIN_SMOOTHING * (drained / elapsed - self._drain_rps[tier])
-            self._probed[tier] = lag
-            self._admitted[tier] = 0
+            self._probed[tier] = waiting
+            self._admitted[tier] = later
+            self._counted_late[tier] = 0
         self._probed_at = now
         if self._tokens_at is None or now - self._tokens_at >= QUEUED_TOKENS_INTERVAL_S:
             self._tokens_at = now

@@ -152,7 +152,7 @@ async def enqueue(state: ApiState, message: RequestMessage, record: RequestRecor
     stream = state.router.open(message.id, alive=alive)
     settings = state.settings
     try:
-        await requests.enqueue(
+        entry_id = await requests.enqueue(
             state.redis,
             state.keys,
             message,
@@ -168,7 +168,7 @@ async def enqueue(state: ApiState, message: RequestMessage, record: RequestRecor
     except RedisError as exc:
         stream.close()
         raise ServiceUnavailableError(f"the request queue (Redis) does not answer: {exc}") from exc
-    state.backlog.admitted(message.tier)
+    state.backlog.admitted(message.tier, message.bucket, entry_id)
     return stream
 
 

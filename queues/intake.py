@@ -298,6 +298,66 @@ async def backlog(redis: aioredis.Redis, streams: list[str]) -> dict[str, int]:
     return lags
 
 
+EntryKey = tuple[int, int]
+
+
+def entry_key(entry_id: str | bytes) -> EntryKey:
+    """A stream entry id (``ms-seq``) as a pair that sorts as Redis orders the entries."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Lag:
+    """One stream's entries not yet delivered to any worker, read in one step with ``upto``: every entry
+    with an id up to it had been added when the count was taken, every later one came after."""
+
+    waiting: int
+    upto: EntryKey
+
+
+async def lags(redis: aioredis.Redis, streams: list[str], *, scan: int = QUEUED_TOKENS_SCAN) -> dict[str, Lag]:
+    """``backlog`` for a caller that counts its own appends on top (the API's shedding): it can tell an
+    append the count already holds from a later one, however their round trips overlap."""
+    reply = await scripts.run(redis, LAGS, streams, [WORKER_GROUP, scan])
+    return {
+        stream: Lag(int(waiting), max(entry_key(newest), entry_key(delivered)))
+        for stream, (waiting, newest, delivered) in zip(streams, reply, strict=True)
+    }
+
+
+# Per stream (KEYS): the worker group's lag (without the group, the stream's length; where Redis cannot
+# say, the entries after the last delivered one, counted up to ARGV[2]), the id of the newest entry and
+# the group's last delivered id: an entry gone from the stream had been delivered. ARGV: group, scan limit.
+LAGS = """
+local out = {}
+for i, stream in ipairs(KEYS) do
+  local lag, delivered, grouped = nil, '0-0', false
+  local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
+  if ok then
+    for _, group in ipairs(groups) do
+      local fields = {}
+      for j = 1, #group, 2 do fields[group[j]] = group[j + 1] end
+      if fields['name'] == ARGV[1] then
+        grouped, delivered, lag = true, fields['last-delivered-id'], fields['lag']
+      end
+    end
+  end
+  if type(lag) ~= 'number' then
+    if grouped then
+      lag = #redis.call('XRANGE', stream, '(' .. delivered, '+', 'COUNT', ARGV[2])
+    else
+      lag = redis.call('XLEN', stream)
+    end
+  end
+  local newest = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
+  out[i] = {lag, newest[1] and newest[1][1] or '0-0', delivered}
+end
+return out
+"""
+
+
 async def queued_tokens(redis: aioredis.Redis, streams: list[str], *, scan: int = QUEUED_TOKENS_SCAN) -> dict[str, int]:
     """Tokens of the entries of each stream not yet delivered to any worker (the sum of their
     ``TOKENS_FIELD``). Past ``scan`` unread entries in a stream, the rest are counted at the mean of

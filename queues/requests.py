@@ -92,14 +92,14 @@ async def enqueue(
     ttl_s: int,
     replicas: int = 0,
     wait_ms: int = 0,
-) -> None:
+) -> str:
     """Store the record (unless ``claim`` stored it: a resumable request) and append the request to
-    its intake stream, in one round trip: accepted once this returns (``replicas``: see
-    ``intake.append``; a withdrawn request's record goes with it)."""
+    its intake stream, in one round trip: accepted once this returns, with the entry's id (``replicas``:
+    see ``intake.append``; a withdrawn request's record goes with it)."""
     store: tuple[bytes, ...] = ()
     if not record.resumable:
         store = (scripts.pack_command((b"SET", keys.request(record.id), record.dumps(), b"EX", ttl_s)),)
-    await append(redis, keys, message, replicas=replicas, wait_ms=wait_ms, before=store, recorded=True)
+    return await append(redis, keys, message, replicas=replicas, wait_ms=wait_ms, before=store, recorded=True)
 
 
 async def load(redis: aioredis.Redis, keys: Keys, request_id: str) -> RequestRecord | None:

@@ -386,14 +386,46 @@ async def test_backlog_counts_waiting_requests_and_retry_after_follows_the_drain
         assert backlog.retry_after_s("background", 10) == 30  # nothing drains: the longest wait
         await intake.ensure_groups(redis, keys)
         await redis.xreadgroup(intake.WORKER_GROUP, "w", {stream: ">"}, count=10)
-        backlog.admitted("background")
+        backlog.admitted("background", "long", await redis.xadd(stream, {"d": b"admitted"}))
+        assert backlog.waiting("background") == 21  # counted at once, before the next probe
         await asyncio.sleep(0.2)
         await backlog.probe()
-        assert backlog.waiting("background") == 10
-        # 10 read in ~0.2 s: about 50/s smoothed by 0.05 → ~2.5/s; 1 excess request → 1 s at most.
+        assert backlog.waiting("background") == 11
+        # 10 read in ~0.2 s: about 50/s smoothed by 0.05 → ~2.5/s; 2 excess requests → 1 s at most.
         assert 1 <= backlog.retry_after_s("background", 10) <= 2
-        assert not ShedLimits(background=11).sheds("background", backlog.waiting("background"))
-        assert ShedLimits(background=10).sheds("background", backlog.waiting("background"))
+        assert not ShedLimits(background=12).sheds("background", backlog.waiting("background"))
+        assert ShedLimits(background=11).sheds("background", backlog.waiting("background"))
         assert not ShedLimits(background=0).sheds("background", 10_000)
+    finally:
+        await redis.delete(*keys.intake_all())
+
+
+async def test_backlog_counts_an_admission_once_however_its_xadd_and_the_probe_cross(redis: aioredis.Redis) -> None:
+    """The API learns an entry's id only when its XADD returns, and a probe can run in between: the
+    probe's count already holds the entry then, and the admission must not add it again."""
+    keys = Keys(unique_prefix())
+    backlog = Backlog(redis, keys, interval_s=1.0)
+    stream = keys.intake("background", "short")
+    try:
+        await intake.ensure_groups(redis, keys)
+        earlier = await redis.xadd(stream, {"d": b"1"})
+        await backlog.probe()  # runs after the XADD, before the API hears of its id
+        backlog.admitted("background", "short", earlier)
+        assert backlog.waiting("background") == 1
+        await backlog.probe()
+        later = await redis.xadd(stream, {"d": b"2"})  # after the probe: on top of its count
+        backlog.admitted("background", "short", later)
+        assert backlog.waiting("background") == 2
+        await backlog.probe()
+        assert backlog.waiting("background") == 2
+        # A read and acknowledged entry gone from the stream (the workers' XDEL) was counted as delivered.
+        entries = await redis.xreadgroup(intake.WORKER_GROUP, "w", {stream: ">"}, count=2)
+        await redis.xdel(stream, *[entry_id for entry_id, _ in entries[0][1]])
+        gone = await redis.xadd(stream, {"d": b"3"})
+        await redis.xreadgroup(intake.WORKER_GROUP, "w", {stream: ">"}, count=1)
+        await redis.xdel(stream, gone)
+        await backlog.probe()
+        backlog.admitted("background", "short", gone)
+        assert backlog.waiting("background") == 0
     finally:
         await redis.delete(*keys.intake_all())
