@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -33,7 +33,7 @@ from tailcut.logs import log_event
 from warmup.prefixes import PrefixWarmer
 from workers.breakers import Breakers
 from workers.capacity import BudgetFollower, ChunkFollower, StepTimer, engine_view
-from workers.engines.base import Engine
+from workers.engines.base import Engine, EngineDelta
 from workers.lifecycle import EngineCall, Finished, RequestLifecycle, Yield, error_event, resumed
 from workers.policies import make_scheduler
 from workers.prompter import Prompter
@@ -72,6 +72,50 @@ class Emit(Protocol):
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+class CallOutput:
+    """An engine call's ``OutputSink``: ``take`` runs in the engine's output loop for each delta, for
+    every running request of a step in turn, so no task wakes per request and step; the call's own
+    task waits on ``finished`` (the finish reason, or what ``take`` or the engine raised). Nothing is
+    taken once that task has been told to stop (cancelled: a preemption, a client's cancel, the
+    watchdog, a stop), as the task itself would take nothing more."""
+
+    __slots__ = ("_ended", "_take", "_task", "finished")
+
+    def __init__(self, take: Callable[[EngineDelta], None]) -> None:
+        self._take = take
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._ended = False  # the engine sent the call's last delta or its error
+        self.finished: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+
+    def on_delta(self, delta: EngineDelta) -> None:
+        if delta.finish_reason is not None:
+            self._ended = True
+        if self.finished.done() or self._task.cancelling():
+            return
+        try:
+            self._take(delta)
+        except asyncio.CancelledError:
+            self.finished.cancel()
+        except Exception as exc:
+            self.finished.set_exception(exc)
+        else:
+            if delta.finish_reason is not None:
+                self.finished.set_result(delta.finish_reason)
+
+    def on_error(self, error: BaseException) -> None:
+        self._ended = True
+        if not self.finished.done():
+            self.finished.set_exception(error)
+
+    def close(self) -> bool:
+        """Take nothing more; ``True`` if the engine still runs the call (the caller aborts it)."""
+        if not self.finished.done():
+            self.finished.cancel()
+        return not self._ended
 
 
 class Worker:
@@ -622,44 +666,49 @@ class Worker:
         return "degraded"
 
     async def _run_call(self, entry: IntakeEntry, life: RequestLifecycle, call: EngineCall, emit: Emit) -> str | None:
-        """One engine call: stream its output as events; returns its finish reason."""
-        finish_reason: str | None = None
+        """One engine call: stream its output as events; returns its finish reason. The output is
+        handled in the engine's own loop (``CallOutput``); this task waits for the call's end."""
         self.num_engine_calls += 1
         last_delta = time.monotonic()
-        deltas = self._engine.generate(
+
+        def take(delta: EngineDelta) -> None:
+            nonlocal last_delta
+            if self._stopped_by_other(entry):
+                # The task was cancelled, but a library may have swallowed the CancelledError
+                # mid-call (redis-py does): stop here all the same.
+                raise asyncio.CancelledError
+            prefilling = not life.call_tokens
+            if prefilling and life.num_calls == 1 and not life.summarising:
+                # What vLLM's prefix cache served of the client's prompt (a chat's earlier turns).
+                self.scheduler.prompt_cached(life.id, delta.num_cached_tokens)
+            if delta.token_ids or delta.text:
+                # Behind the engine (the last chunk is not written yet): the tokens join that chunk.
+                unsent = None if prefilling else self._writer.unsent_chunk(life.id, entry.fence)
+                event = life.on_output(delta.token_ids, delta.text, unsent=unsent)
+                if event is not None:
+                    emit(event)
+                else:
+                    self._beats[life.id] = time.monotonic()
+                if prefilling:
+                    self._wake.set()  # its prompt left the budget: a round may admit more
+                current = time.monotonic()
+                self._step.observe((current - last_delta) * 1000)
+                last_delta = current
+
+        output = CallOutput(take)
+        await self._engine.submit(
             call.engine_request_id,
             call.prompt_token_ids,
             call.sampling,
             priority=call.priority,
             cache_salt=self._settings.cache_salt(entry.message.tenant),
+            sink=output,
         )
-        # Closed however the loop ends, so the engine aborts an abandoned request at once.
-        async with contextlib.aclosing(deltas):
-            async for delta in deltas:
-                if self._stopped_by_other(entry):
-                    # The task was cancelled, but a library may have swallowed the CancelledError
-                    # mid-call (redis-py does): stop here all the same.
-                    raise asyncio.CancelledError
-                prefilling = not life.call_tokens
-                if prefilling and life.num_calls == 1 and not life.summarising:
-                    # What vLLM's prefix cache served of the client's prompt (a chat's earlier turns).
-                    self.scheduler.prompt_cached(life.id, delta.num_cached_tokens)
-                if delta.token_ids or delta.text:
-                    # Behind the engine (the last chunk is not written yet): the tokens join that chunk.
-                    unsent = None if prefilling else self._writer.unsent_chunk(life.id, entry.fence)
-                    event = life.on_output(delta.token_ids, delta.text, unsent=unsent)
-                    if event is not None:
-                        emit(event)
-                    else:
-                        self._beats[life.id] = time.monotonic()
-                    if prefilling:
-                        self._wake.set()  # its prompt left the budget: a round may admit more
-                    current = time.monotonic()
-                    self._step.observe((current - last_delta) * 1000)
-                    last_delta = current
-                if delta.finish_reason is not None:
-                    finish_reason = delta.finish_reason
-        return finish_reason
+        try:
+            return await output.finished
+        finally:
+            if output.close():  # ended here, not by the engine: it stops the request at once
+                await self._engine.abort(call.engine_request_id)
 
     async def _touch(self, touch: Touch) -> None:
         """One keep-alive touch: a one-token request of a kept turn's blocks, served from the prefix cache

@@ -16,7 +16,7 @@ import pytest
 
 from queues.messages import SamplingSpec
 from tests.stack import running_stack
-from workers.engines.base import EngineDelta
+from workers.engines.base import EngineDelta, OutputSink
 from workers.engines.vllm_engine import VllmEngine
 from workers.settings import cache_salt
 
@@ -51,6 +51,32 @@ class CacheHits:
             async for delta in deltas:
                 self.cached.setdefault(request_id, delta.num_cached_tokens)
                 yield delta
+
+    async def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        *,
+        priority: int,
+        cache_salt: str | None,
+        sink: OutputSink,
+    ) -> None:
+        """The worker's path (``generate`` is the prefix warmer's)."""
+        self.salts[request_id] = cache_salt
+        hits = self
+
+        class Recording:
+            def on_delta(self, delta: EngineDelta) -> None:
+                hits.cached.setdefault(request_id, delta.num_cached_tokens)
+                sink.on_delta(delta)
+
+            def on_error(self, error: BaseException) -> None:
+                sink.on_error(error)
+
+        await self._engine.submit(
+            request_id, prompt_token_ids, sampling, priority=priority, cache_salt=cache_salt, sink=Recording()
+        )
 
 
 async def cached_for(client: httpx.AsyncClient, hits: CacheHits, prompt: list[int], tenant: str | None) -> int:

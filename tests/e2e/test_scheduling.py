@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ from queues.replies import ReplyRouter
 from tests.e2e.test_recovery import message_for
 from tests.e2e.test_streaming import reference_ids
 from tests.stack import running_stack, running_workers
-from workers.engines.base import EngineDelta
+from workers.engines.base import EngineDelta, OutputSink
 from workers.engines.vllm_engine import VllmEngine
 from workers.settings import WorkerSettings
 from workers.worker import Worker
@@ -43,26 +41,43 @@ class PreemptAt:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    async def generate(
+    async def submit(
         self,
         request_id: str,
         prompt_token_ids: list[int],
         sampling: SamplingSpec,
         *,
         priority: int,
-        cache_salt: str | None = None,
-    ) -> AsyncGenerator[EngineDelta, None]:
-        async with contextlib.aclosing(
-            self._engine.generate(request_id, prompt_token_ids, sampling, priority=priority, cache_salt=cache_salt)
-        ) as deltas:
-            async for delta in deltas:
-                yield delta  # resumes once the worker has taken the delta in
-                if not request_id.startswith(self._request_id):
-                    continue
-                self._consumed += len(delta.token_ids)
-                if self.counts and self._consumed >= self.counts[0] and self.worker is not None:
-                    self.counts.pop(0)
-                    assert self.worker.preempt(self._request_id)
+        cache_salt: str | None,
+        sink: OutputSink,
+    ) -> None:
+        preempting = self
+
+        class Counting:
+            preempted = False  # what the engine sends after that, the worker no longer takes in
+
+            def on_delta(self, delta: EngineDelta) -> None:
+                if self.preempted:
+                    return
+                sink.on_delta(delta)  # the worker has taken the delta in
+                if request_id.startswith(preempting._request_id):
+                    self.preempted = preempting.consumed(len(delta.token_ids))
+
+            def on_error(self, error: BaseException) -> None:
+                sink.on_error(error)
+
+        await self._engine.submit(
+            request_id, prompt_token_ids, sampling, priority=priority, cache_salt=cache_salt, sink=Counting()
+        )
+
+    def consumed(self, num_tokens: int) -> bool:
+        """Count what the worker took in; ``True`` if that preempted the request."""
+        self._consumed += num_tokens
+        if self.counts and self._consumed >= self.counts[0] and self.worker is not None:
+            self.counts.pop(0)
+            assert self.worker.preempt(self._request_id)
+            return True
+        return False
 
 
 def worker_settings(redis_url: str, keys: Keys, **overrides: Any) -> WorkerSettings:

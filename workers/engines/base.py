@@ -23,6 +23,20 @@ class EngineDelta:
         return self.finish_reason is not None
 
 
+class OutputSink(Protocol):
+    """Where an engine hands one request's output, from the loop that processes each engine step:
+    every request's delta of a step in turn, with no task woken per request. Both methods run inside
+    that loop, so they must return at once and never raise."""
+
+    def on_delta(self, delta: EngineDelta) -> None:
+        """New output; the last one has ``finish_reason`` set (``abort`` after ``Engine.abort``)."""
+        ...
+
+    def on_error(self, error: BaseException) -> None:
+        """The request ends without a last delta (``EngineDeadError``: the engine died)."""
+        ...
+
+
 class Engine(Protocol):
     """An inference engine with streaming generation and abort."""
 
@@ -54,6 +68,21 @@ class Engine(Protocol):
     ) -> AsyncGenerator[EngineDelta, None]:
         """Stream deltas until the request finishes; cancelling the iteration aborts the request.
         ``cache_salt``: prompts with different salts never share prefix-cache blocks (vLLM's)."""
+        ...
+
+    async def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        *,
+        priority: int,
+        cache_salt: str | None,
+        sink: OutputSink,
+    ) -> None:
+        """Start a request whose output goes to ``sink`` (``generate``, without an iterator per request:
+        the worker's path, once per token of every running request). The caller ends it early with
+        ``abort``; refused requests raise here, as in ``generate``."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

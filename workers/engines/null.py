@@ -14,9 +14,9 @@ import asyncio
 from collections.abc import AsyncGenerator
 
 from queues.messages import SamplingSpec
-from workers.engines.base import EngineDelta
+from workers.engines.base import EngineDelta, OutputSink
 from workers.engines.filler import FillerToken
-from workers.engines.steploop import StepLoop, check_request
+from workers.engines.steploop import StepLoop, check_request, generate_with
 
 # It holds no KV at all; a capacity no request mix reaches keeps the scheduler's KV check out of the way.
 NULL_KV_CAPACITY_TOKENS = 1 << 40
@@ -60,30 +60,33 @@ class NullEngine:
         """A prompt costs nothing here: there is no chunk to set."""
         return None
 
-    async def generate(
+    def generate(
         self,
         request_id: str,
         prompt_token_ids: list[int],
         sampling: SamplingSpec,
         *,
         priority: int,
-        cache_salt: str | None = None,  # no effect here: this engine's prefix cache is not salted
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[EngineDelta, None]:
+        return generate_with(self, request_id, prompt_token_ids, sampling, priority=priority, cache_salt=cache_salt)
+
+    async def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        *,
+        priority: int,
+        cache_salt: str | None,  # no effect here: this engine's prefix cache is not salted
+        sink: OutputSink,
+    ) -> None:
         check_request(prompt_token_ids, sampling, self._max_model_len)
-        collector = self._loop.open(request_id)
+        self._loop.open(request_id, sink)
         self._remaining[request_id] = sampling.max_tokens
-        try:
-            while True:
-                delta = await collector.get()
-                yield delta
-                if delta.finished:
-                    return
-        finally:
-            self._remaining.pop(request_id, None)
-            self._loop.close(request_id)
 
     async def abort(self, request_id: str) -> None:
-        """Stop the request; its ``generate`` ends with finish reason ``abort``."""
+        """Stop the request; its sink gets finish reason ``abort``."""
         if self._remaining.pop(request_id, None) is not None:
             self._loop.deliver(request_id, EngineDelta(token_ids=[], text="", finish_reason="abort"))
 

@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from queues.messages import SamplingSpec
 from tailcut.errors import InvalidRequestError
 from tailcut.logs import log_event
-from workers.engines.base import EngineDelta
+from workers.engines.base import EngineDelta, OutputSink
 from workers.engines.filler import FillerToken
 from workers.engines.sim import SimEngine, StepResult
-from workers.engines.steploop import StepLoop, check_request
+from workers.engines.steploop import StepLoop, check_request, generate_with
 
 log = logging.getLogger("tailcut.engine")
 
@@ -123,15 +123,27 @@ class RealtimeSimEngine:
     async def set_prefill_chunk(self, num_tokens: int) -> int | None:
         return self._sim.set_prefill_chunk(num_tokens)
 
-    async def generate(
+    def generate(
         self,
         request_id: str,
         prompt_token_ids: list[int],
         sampling: SamplingSpec,
         *,
         priority: int,
-        cache_salt: str | None = None,  # no effect here: this engine's prefix cache is not salted
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[EngineDelta, None]:
+        return generate_with(self, request_id, prompt_token_ids, sampling, priority=priority, cache_salt=cache_salt)
+
+    async def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        *,
+        priority: int,
+        cache_salt: str | None,  # no effect here: this engine's prefix cache is not salted
+        sink: OutputSink,
+    ) -> None:
         check_request(prompt_token_ids, sampling, self._max_model_len)
         if request_id in self._cached_tokens:
             raise InvalidRequestError(f"request id {request_id!r} is already running in the engine")
@@ -143,22 +155,15 @@ class RealtimeSimEngine:
             raise InvalidRequestError(f"the engine refused the request: {exc}") from exc
         self._cached_tokens[request_id] = None
         try:
-            collector = self._loop.open(request_id)
+            self._loop.open(request_id, sink)
         except Exception:
             self._forget(request_id)
             raise
-        try:
-            while True:
-                delta = await collector.get()
-                yield delta
-                if delta.finished:
-                    return
-        finally:
-            self._forget(request_id)
 
     async def abort(self, request_id: str) -> None:
-        """Drop the request from the simulator; its ``generate`` ends with finish reason ``abort``."""
+        """Drop the request from the simulator; its sink gets finish reason ``abort``."""
         if self._sim.abort(request_id):
+            self._cached_tokens.pop(request_id, None)
             self._loop.deliver(request_id, EngineDelta(token_ids=[], text="", finish_reason="abort"))
 
     def num_unfinished(self) -> int:
@@ -237,10 +242,10 @@ class RealtimeSimEngine:
         finished = set(result.finished)
         token_id, text = self._filler.token_id, self._filler.text
         for request_id in result.new_token_ids:
-            delta = EngineDelta(
-                [token_id],
-                text,
-                "length" if request_id in finished else None,
-                num_cached_tokens=self._cached_tokens.get(request_id) or 0,
-            )
+            num_cached = self._cached_tokens.get(request_id) or 0
+            if request_id in finished:
+                self._cached_tokens.pop(request_id, None)  # no longer held here
+                delta = EngineDelta([token_id], text, "length", num_cached_tokens=num_cached)
+            else:
+                delta = EngineDelta([token_id], text, None, num_cached_tokens=num_cached)
             self._loop.deliver(request_id, delta)

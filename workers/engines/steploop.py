@@ -1,5 +1,6 @@
-"""Plumbing shared by the model-free engines (``null``, ``sim``): one background task computes every
-request's tokens step by step and hands each request's output to its ``generate`` iterator.
+"""Plumbing shared by the engines: ``StepLoop``, the model-free engines' (``null``, ``sim``) one background
+task that computes every request's tokens step by step and hands each request's output to its sink
+(``base.OutputSink``); ``DeltaCollector``, the sink behind every engine's ``generate`` iterator.
 
 This is how a real engine behaves towards its caller: one step yields the tokens of all running
 requests at once, so a pipeline that coalesces per step sees realistic bursts.
@@ -9,20 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
 from queues.messages import SamplingSpec
 from tailcut.errors import EngineDeadError, InvalidRequestError
-from workers.engines.base import EngineDelta
+from workers.engines.base import Engine, EngineDelta, OutputSink
 
 log = logging.getLogger("tailcut.engine")
 
 
 class DeltaCollector:
-    """One request's output not yet taken by its consumer. Deltas merge while they wait, as vLLM's
-    ``RequestOutputCollector`` does: the engine loop never waits for a consumer, and a slow consumer
-    gets fewer, larger deltas. An error set with ``fail`` is raised after the output put before it."""
+    """One request's output not yet taken by its consumer (an ``OutputSink``). Deltas merge while they
+    wait, as vLLM's ``RequestOutputCollector`` does: the engine loop never waits for a consumer, and a
+    slow consumer gets fewer, larger deltas. An error is raised after the output put before it."""
 
     def __init__(self) -> None:
         self._pending: EngineDelta | None = None
@@ -31,7 +32,7 @@ class DeltaCollector:
         # cost several times as much, once per running request per engine step).
         self._waiter: asyncio.Future[None] | None = None
 
-    def put(self, delta: EngineDelta) -> None:
+    def on_delta(self, delta: EngineDelta) -> None:
         pending = self._pending
         if pending is None:
             self._pending = delta
@@ -42,7 +43,7 @@ class DeltaCollector:
             pending.num_cached_tokens = max(pending.num_cached_tokens, delta.num_cached_tokens)
         self._wake()
 
-    def fail(self, error: BaseException) -> None:
+    def on_error(self, error: BaseException) -> None:
         self._error = error
         self._wake()
 
@@ -65,9 +66,35 @@ class DeltaCollector:
                 self._waiter = None
 
 
+async def generate_with(
+    engine: Engine,
+    request_id: str,
+    prompt_token_ids: list[int],
+    sampling: SamplingSpec,
+    *,
+    priority: int,
+    cache_salt: str | None,
+) -> AsyncGenerator[EngineDelta, None]:
+    """``Engine.generate`` from its ``submit``: the request's deltas as an iterator, aborted in the
+    engine if the iteration ends before the last one."""
+    collector = DeltaCollector()
+    await engine.submit(
+        request_id, prompt_token_ids, sampling, priority=priority, cache_salt=cache_salt, sink=collector
+    )
+    finished = False
+    try:
+        while not finished:
+            delta = await collector.get()
+            finished = delta.finished
+            yield delta
+    finally:
+        if not finished:
+            await engine.abort(request_id)
+
+
 class StepLoop:
-    """The engine's one background task (``body``, started by the first request) and the collectors
-    of the requests it serves. A crash of ``body`` kills the engine: every open request and every
+    """The engine's one background task (``body``, started by the first request) and the sinks of the
+    requests it serves. A crash of ``body`` kills the engine: every open request and every
     later one gets ``EngineDeadError``, so the worker stops instead of hanging."""
 
     def __init__(self, name: str, body: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -76,33 +103,33 @@ class StepLoop:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._dead_reason: str | None = None
-        self._collectors: dict[str, DeltaCollector] = {}
+        self._sinks: dict[str, OutputSink] = {}
 
-    def open(self, request_id: str) -> DeltaCollector:
+    def open(self, request_id: str, sink: OutputSink) -> None:
         """Register a request and wake the loop; the caller then adds it to the engine's own state
         (before its next ``await``, so the loop sees both at once)."""
         if self._dead_reason is not None:
             raise EngineDeadError(f"{self.name} is dead: {self._dead_reason}")
-        if request_id in self._collectors:
+        if request_id in self._sinks:
             raise InvalidRequestError(f"request id {request_id!r} is already running in the engine")
         if self._task is None:
             self._task = asyncio.create_task(self._guarded(), name=self.name)
-        collector = DeltaCollector()
-        self._collectors[request_id] = collector
+        self._sinks[request_id] = sink
         self._wake.set()
-        return collector
 
     def close(self, request_id: str) -> None:
-        self._collectors.pop(request_id, None)
+        """Forget a request without a word to its sink (the engine refused it after ``open``)."""
+        self._sinks.pop(request_id, None)
 
     def deliver(self, request_id: str, delta: EngineDelta) -> None:
-        """Hand a delta to the request's consumer (dropped if it is gone: aborted meanwhile)."""
-        collector = self._collectors.get(request_id)
-        if collector is None:
+        """Hand a delta to the request's sink (dropped if it is gone: aborted meanwhile); the last one
+        closes the request."""
+        sink = self._sinks.get(request_id)
+        if sink is None:
             return
-        collector.put(delta)
         if delta.finished:
-            del self._collectors[request_id]
+            del self._sinks[request_id]
+        sink.on_delta(delta)
 
     async def idle(self) -> None:
         """Wait until the next ``open``. Call it right after finding no work, with no ``await`` in
@@ -129,9 +156,9 @@ class StepLoop:
         self._fail_all()
 
     def _fail_all(self) -> None:
-        for collector in self._collectors.values():
-            collector.fail(EngineDeadError(f"{self.name} is dead: {self._dead_reason}"))
-        self._collectors.clear()
+        sinks, self._sinks = self._sinks, {}
+        for sink in sinks.values():
+            sink.on_error(EngineDeadError(f"{self.name} is dead: {self._dead_reason}"))
 
 
 def check_request(prompt_token_ids: list[int], sampling: SamplingSpec, max_model_len: int) -> None:

@@ -7,6 +7,7 @@ priority policy with the tier as priority.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -16,7 +17,8 @@ from typing import Any
 
 from queues.messages import SamplingSpec
 from tailcut.errors import ConfigError, EngineDeadError, InvalidRequestError
-from workers.engines.base import EngineDelta
+from workers.engines.base import EngineDelta, OutputSink
+from workers.engines.steploop import generate_with
 from workers.settings import CPU_BLOCK_SIZE, CPU_KV_CACHE_BYTES, GPU_BLOCK_SIZE, EngineSettings
 
 log = logging.getLogger("tailcut.engine")
@@ -161,7 +163,7 @@ class VllmEngine:
 
         return list(await self._llm.engine_core.call_utility_async(STEP_TOKENS))
 
-    async def generate(
+    def generate(
         self,
         request_id: str,
         prompt_token_ids: list[int],
@@ -170,6 +172,21 @@ class VllmEngine:
         priority: int,
         cache_salt: str | None = None,
     ) -> AsyncGenerator[EngineDelta, None]:
+        return generate_with(self, request_id, prompt_token_ids, sampling, priority=priority, cache_salt=cache_salt)
+
+    async def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        *,
+        priority: int,
+        cache_salt: str | None,
+        sink: OutputSink,
+    ) -> None:
+        """vLLM's ``generate`` without its iterator: the request's collector, which the engine's output
+        handler fills once per step for each request and ``generate`` waits on, hands each output
+        straight to ``sink`` instead (``_ToSink``)."""
         from vllm.exceptions import VLLMValidationError
         from vllm.inputs.engine import tokens_input
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
@@ -177,18 +194,19 @@ class VllmEngine:
         params = _sampling_params(sampling)
         try:
             prompt = tokens_input(prompt_token_ids, cache_salt=cache_salt)
-            async for out in self._llm.generate(prompt, params, request_id, priority=priority):
-                completion = out.outputs[0]
-                yield EngineDelta(
-                    token_ids=list(completion.token_ids),
-                    text=completion.text,
-                    finish_reason=completion.finish_reason if out.finished else None,
-                    num_cached_tokens=out.num_cached_tokens or 0,
-                )
+            collector = await self._llm.add_request(request_id, prompt, params, priority=priority)
+        except asyncio.CancelledError:
+            await self._llm.abort(request_id)  # it may have reached the engine
+            raise
         except VllmEngineDeadError as exc:
             raise EngineDeadError(f"vLLM engine died: {exc}") from exc
         except (VLLMValidationError, ValueError) as exc:
             raise InvalidRequestError(f"the engine refused the request: {exc}") from exc
+        to_sink = _ToSink(sink, VllmEngineDeadError)
+        collector.put = to_sink.put
+        pending, collector.output = collector.output, None  # put before the line above: none so far
+        if pending is not None:
+            to_sink.put(pending)
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
@@ -204,6 +222,31 @@ class VllmEngine:
             # module globals are gone and it prints a traceback. It is already shut down: make the
             # second call a no-op.
             llm.shutdown = _already_shut_down
+
+
+class _ToSink:
+    """A vLLM request collector's ``put``, handing each output to an ``OutputSink`` as an ``EngineDelta``."""
+
+    __slots__ = ("_dead_error", "_sink")
+
+    def __init__(self, sink: OutputSink, dead_error: type[BaseException]) -> None:
+        self._sink = sink
+        self._dead_error = dead_error
+
+    def put(self, output: Any) -> None:
+        if isinstance(output, BaseException):
+            dead = isinstance(output, self._dead_error)
+            self._sink.on_error(EngineDeadError(f"vLLM engine died: {output}") if dead else output)
+            return
+        completion = output.outputs[0]
+        self._sink.on_delta(
+            EngineDelta(
+                token_ids=list(completion.token_ids),
+                text=completion.text,
+                finish_reason=completion.finish_reason if output.finished else None,
+                num_cached_tokens=output.num_cached_tokens or 0,
+            )
+        )
 
 
 def _already_shut_down(timeout: float | None = None) -> None:
