@@ -4,13 +4,14 @@ Every request gets exactly ``max_tokens`` tokens (the filler token of the served
 ``workers.engines.filler``), finish reason ``length``: nothing ever stops it early (no EOS, so
 ``ignore_eos`` and ``min_tokens`` hold trivially; stop strings and stop token ids are not evaluated).
 Like a real engine it produces tokens in steps: one loop gives every running request one token per
-iteration, then sleeps ``step_ms`` (0: just yields to the event loop), so 200 concurrent streams get
-200 deltas per step, all at once.
+iteration, one iteration every ``step_ms`` from the start of the last (0: it just yields to the event
+loop in between), so 200 concurrent streams get 200 deltas per step, all at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator
 
 from queues.messages import SamplingSpec
@@ -99,9 +100,11 @@ class NullEngine:
 
     async def _run(self) -> None:
         token_id, text = self._filler.token_id, self._filler.text
+        due = time.monotonic()
         while True:
             if not self._remaining:
                 await self._loop.idle()
+                due = time.monotonic()
                 continue
             for request_id, left in list(self._remaining.items()):
                 left -= 1
@@ -111,4 +114,8 @@ class NullEngine:
                     del self._remaining[request_id]
                 self._loop.deliver(request_id, EngineDelta([token_id], text, None if left else "length"))
             self.num_steps += 1
-            await asyncio.sleep(self._step_s)
+            # Steps start every step_ms, however long handing out their tokens took (a GPU engine steps
+            # on while its caller handles the last step's output); a caller slower than that holds the
+            # next step back, as vLLM's output queue would.
+            due = max(due + self._step_s, time.monotonic())
+            await asyncio.sleep(due - time.monotonic())
