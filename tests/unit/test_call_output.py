@@ -19,7 +19,9 @@ def spec(max_tokens: int) -> SamplingSpec:
     return SamplingSpec(max_tokens=max_tokens, temperature=0.0)
 
 
-async def run_call(engine: NullEngine, request_id: str, max_tokens: int, taken: list[tuple[str, str | None]]) -> str | None:
+async def run_call(
+    engine: NullEngine, request_id: str, max_tokens: int, taken: list[tuple[str, str | None]]
+) -> str | None:
     """One call as the worker runs it: ``taken`` gets (request, the task that took the delta)."""
 
     def take(delta: EngineDelta) -> None:
