@@ -24,6 +24,9 @@ RUNNER_CTX_KEY = "tailcut_runner"
 JOB_MAX_TRIES = 5
 # A job that Redis failed under runs again after this long.
 REDIS_RETRY_DEFER_S = 2.0
+# How long a stop keeps cancelling arq's polling loop before it gives up on it (and says so).
+MAIN_TASK_STOP_S = 10.0
+MAIN_TASK_CANCEL_EVERY_S = 0.2
 
 
 async def analyze_logs(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
@@ -109,9 +112,24 @@ async def close_worker(worker: JobsWorker, pool: ArqRedis) -> None:
     worker.stopping = True
     for task in worker.tasks.values():
         task.cancel()
-    if worker.main_task is not None:
-        worker.main_task.cancel()
+    await _stop_main_task(worker)
     await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
     with contextlib.suppress(RedisError):
         await pool.delete(worker.health_check_key)
     await pool.aclose(close_connection_pool=True)
+
+
+async def _stop_main_task(worker: JobsWorker) -> None:
+    """Cancel arq's polling loop until it has ended. One cancel is not always enough: redis-py can
+    swallow a CancelledError that lands in the middle of a command, and the loop then polls on (a
+    test's teardown hung on it for minutes)."""
+    main = worker.main_task
+    if main is None:
+        return
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + MAIN_TASK_STOP_S
+    while not main.done() and loop.time() < give_up_at:
+        main.cancel()
+        await asyncio.wait({main}, timeout=MAIN_TASK_CANCEL_EVERY_S)
+    if not main.done():
+        log_event(log, "jobs_poll_loop_did_not_stop", logging.WARNING, waited_s=MAIN_TASK_STOP_S)

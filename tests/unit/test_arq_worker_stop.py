@@ -1,5 +1,6 @@
-"""``jobs.arq_worker.run_worker`` starts arq's loop again after a Redis error, but not once told to stop
-(pure: arq's loop is replaced by one that fails as Redis going away under a stop does)."""
+"""``jobs.arq_worker.run_worker`` starts arq's loop again after a Redis error, but not once told to stop,
+and ``close_worker`` stops a loop that swallowed its first cancel (pure: arq's loop is replaced by one
+that fails as Redis going away under a stop does, or that swallows a cancel as redis-py can)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from arq.worker import func
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from jobs.arq_worker import JobsWorker, run_worker
+from jobs.arq_worker import JobsWorker, close_worker, run_worker
 
 
 async def nothing(ctx: dict[str, Any]) -> None:
@@ -48,3 +49,38 @@ async def test_without_a_stop_the_loop_starts_again_after_a_redis_error() -> Non
     async with asyncio.timeout(5):
         await task
     assert worker.runs == 2
+
+
+class SwallowingLoop(JobsWorker):
+    """arq's polling loop whose first cancel lands in a library that swallows it, so it polls on."""
+
+    def __init__(self) -> None:
+        super().__init__(functions=[func(nothing, name="nothing")], handle_signals=False)
+        self.swallowed = 0
+
+    async def main(self) -> None:
+        while True:
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                if self.swallowed:
+                    raise
+                self.swallowed += 1
+
+
+class ClosedPool:
+    async def delete(self, *_keys: str) -> None:
+        return None
+
+    async def aclose(self, *, close_connection_pool: bool) -> None:
+        return None
+
+
+async def test_close_stops_a_polling_loop_that_swallowed_its_first_cancel() -> None:
+    worker = SwallowingLoop()
+    running = asyncio.create_task(run_worker(worker))
+    await asyncio.sleep(0.05)
+    async with asyncio.timeout(5):  # one cancel only: the loop polls on, and this waits forever
+        await close_worker(worker, ClosedPool())  # type: ignore[arg-type]
+        await running
+    assert worker.swallowed == 1 and worker.main_task is not None and worker.main_task.done()
