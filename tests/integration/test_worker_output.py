@@ -1,6 +1,7 @@
 """The worker's output path against a real Redis, with the zero-cost ``null`` engine: a busy worker
 coalesces tokens into fewer events with every position exact, a finished request's entry goes with
-its final event, and a cancel heard just before its entry arrives still cancels it."""
+its final event, and a cancel heard just before its entry arrives, or left as a tombstone before the
+read, still cancels it."""
 
 from __future__ import annotations
 
@@ -105,6 +106,28 @@ async def test_a_cancel_heard_before_its_entry_arrives_still_cancels_it(redis_ur
             await intake.enqueue(redis, keys, message("early", max_tokens=500))
             await until(lambda: worker.outcomes["cancelled"] == 1, timeout_s=20, what="the request cancelled")
         events = await read_output(redis, keys, "early", from_seq=1)
+        assert [(event.seq, event.type, event.error_code) for event in events] == [(1, "error", "cancelled")]
+        assert worker.num_engine_calls == 0
+    finally:
+        await engine.shutdown()
+        await _delete(redis, keys)
+
+
+async def test_a_cancel_tombstone_found_with_the_delivery_cancels_the_request(redis_url: str, tiny_model: Path) -> None:
+    """The client left before the read, and no worker heard its cancel (a tombstone only): the round
+    trip that fences the delivery finds the tombstone, and the request ends with one ``cancelled``
+    error without running."""
+    engine = start_engine(EngineSettings(kind="null", null_step_ms=5), tiny_model, TEST_MAX_MODEL_LEN)
+    keys = Keys(unique_prefix())
+    redis = connect(redis_url, timeout_s=5.0)
+    try:
+        await intake.ensure_groups(redis, keys)
+        await redis.set(keys.cancelled("gone"), b"1", ex=60)
+        await intake.enqueue(redis, keys, message("gone", max_tokens=500))
+        async with running_workers([settings(redis_url, keys, tiny_model)], engine, redis_url) as (worker,):
+            await until(lambda: worker.outcomes["cancelled"] == 1, timeout_s=20, what="the request cancelled")
+            assert worker.outcomes["final"] == 0
+        events = await read_output(redis, keys, "gone", from_seq=1)
         assert [(event.seq, event.type, event.error_code) for event in events] == [(1, "error", "cancelled")]
         assert worker.num_engine_calls == 0
     finally:
