@@ -395,6 +395,10 @@ class Worker:
 
     async def _read_loop(self) -> None:
         home_buckets = set(self._settings.home_buckets)
+        # The last blocking read left the streams it read empty: the next read blocks at once rather
+        # than first asking them again without blocking (two round trips per request at low load,
+        # the first of them before the request could start).
+        drained = False
         while not self._stopping.is_set():
             rooms = self._room_per_stream()
             open_streams = [stream for stream, room in rooms.items() if room > 0]
@@ -408,13 +412,14 @@ class Worker:
             foreign = [stream for stream in open_streams if stream not in home]
             full = len(open_streams) < len(rooms)
             try:
-                taken = await self._take(home, rooms)
+                taken = [] if drained else await self._take(home, rooms)
+                drained = False
                 if not taken and foreign and self._has_spare_capacity():
                     # Work stealing: home streams are empty and there is room in the engine.
                     taken = await self._take(foreign, rooms)
                     self.stolen_ids.extend(entry.message.id for entry in taken)
                 if not taken:
-                    taken = await self._take_blocking(home or open_streams, short=full)
+                    taken, drained = await self._take_blocking(home or open_streams, rooms, short=full)
             except RedisError as exc:
                 log_event(log, "intake_read_failed", logging.WARNING, error=str(exc))
                 await asyncio.sleep(0.5)
@@ -440,9 +445,16 @@ class Worker:
             taken += await intake.read(self._redis, self._keys, self.worker_id, together, count=room, block_ms=None)
         return taken
 
-    async def _take_blocking(self, streams: list[str], *, short: bool = False) -> list[IntakeEntry]:
+    async def _take_blocking(
+        self, streams: list[str], rooms: dict[str, int], *, short: bool = False
+    ) -> tuple[list[IntakeEntry], bool]:
+        """Wait for entries on ``streams``, each at most the smallest room among them; also says
+        whether every stream gave fewer than that (it was empty when read)."""
         block_ms = min(BLOCK_WHILE_FULL_MS, self._settings.read_block_ms) if short else self._settings.read_block_ms
-        return await intake.read(self._blocking, self._keys, self.worker_id, streams, count=1, block_ms=block_ms)
+        count = min(rooms[stream] for stream in streams)
+        taken = await intake.read(self._blocking, self._keys, self.worker_id, streams, count=count, block_ms=block_ms)
+        per_stream = Counter(entry.stream for entry in taken)
+        return taken, all(n < count for n in per_stream.values())
 
     def _accept(self, entry: IntakeEntry) -> None:
         if self._cancels_heard.pop(entry.message.id, None) is not None:
