@@ -6,8 +6,9 @@ read, still cancels it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import redis.asyncio as aioredis
@@ -19,6 +20,7 @@ from queues.messages import RequestMessage, SamplingSpec
 from queues.output import read_output
 from tests.conftest import TEST_MAX_MODEL_LEN
 from tests.stack import running_workers, unique_prefix
+from workers.engines.base import Engine
 from workers.engines.factory import start_engine
 from workers.engines.filler import filler_token
 from workers.settings import EngineSettings, WorkerSettings
@@ -46,6 +48,23 @@ def settings(redis_url: str, keys: Keys, model: Path, **overrides: object) -> Wo
     )  # fmt: skip
 
 
+@contextlib.asynccontextmanager
+async def null_engine_setup(
+    redis_url: str, model: Path, engine_settings: EngineSettings
+) -> AsyncIterator[tuple[Engine, Keys, aioredis.Redis]]:
+    """A ``null`` engine, a fresh key prefix with its intake groups, and a Redis client; all of it
+    gone afterwards."""
+    engine = start_engine(engine_settings, model, TEST_MAX_MODEL_LEN)
+    keys = Keys(unique_prefix())
+    redis = connect(redis_url, timeout_s=5.0)
+    try:
+        await intake.ensure_groups(redis, keys)
+        yield engine, keys, redis
+    finally:
+        await engine.shutdown()
+        await _delete(redis, keys)
+
+
 async def until(check: Callable[[], bool], *, timeout_s: float, what: str) -> None:
     async with asyncio.timeout(timeout_s):
         while not check():
@@ -59,13 +78,10 @@ async def test_a_busy_worker_coalesces_tokens_into_fewer_events_and_every_positi
     """Fifty replies of 200 tokens at once on an engine that costs nothing: the writer falls behind, so
     tokens join the chunk still waiting for it. Every reply is still every token once, in order, at
     gap-free positions ending in one final event, and its intake entry is gone with that event."""
-    engine = start_engine(EngineSettings(kind="null", max_num_seqs=64), tiny_model, TEST_MAX_MODEL_LEN)
     filler = filler_token(tiny_model)
-    keys = Keys(unique_prefix())
-    redis = connect(redis_url, timeout_s=5.0)
     num_requests, num_tokens = 50, 200
-    try:
-        await intake.ensure_groups(redis, keys)
+    null = EngineSettings(kind="null", max_num_seqs=64)
+    async with null_engine_setup(redis_url, tiny_model, null) as (engine, keys, redis):
         async with running_workers([settings(redis_url, keys, tiny_model, max_running=64)], engine, redis_url) as (
             worker,
         ):
@@ -87,20 +103,14 @@ async def test_a_busy_worker_coalesces_tokens_into_fewer_events_and_every_positi
         stream = keys.intake("normal", "short")
         assert await redis.xlen(stream) == 0
         assert (await redis.xpending(stream, WORKER_GROUP))["pending"] == 0
-    finally:
-        await engine.shutdown()
-        await _delete(redis, keys)
 
 
 async def test_a_cancel_heard_before_its_entry_arrives_still_cancels_it(redis_url: str, tiny_model: Path) -> None:
     """The cancel comes over the cancel channel while the read that brings its entry is on its way (no
     tombstone read with the entry): the worker remembers it, and the request ends ``cancelled``
     without running."""
-    engine = start_engine(EngineSettings(kind="null", null_step_ms=5), tiny_model, TEST_MAX_MODEL_LEN)
-    keys = Keys(unique_prefix())
-    redis = connect(redis_url, timeout_s=5.0)
-    try:
-        await intake.ensure_groups(redis, keys)
+    null = EngineSettings(kind="null", null_step_ms=5)
+    async with null_engine_setup(redis_url, tiny_model, null) as (engine, keys, redis):
         async with running_workers([settings(redis_url, keys, tiny_model)], engine, redis_url) as (worker,):
             assert not await worker.cancel("early")  # nothing of it here yet
             await intake.enqueue(redis, keys, message("early", max_tokens=500))
@@ -108,20 +118,14 @@ async def test_a_cancel_heard_before_its_entry_arrives_still_cancels_it(redis_ur
         events = await read_output(redis, keys, "early", from_seq=1)
         assert [(event.seq, event.type, event.error_code) for event in events] == [(1, "error", "cancelled")]
         assert worker.num_engine_calls == 0
-    finally:
-        await engine.shutdown()
-        await _delete(redis, keys)
 
 
 async def test_a_cancel_tombstone_found_with_the_delivery_cancels_the_request(redis_url: str, tiny_model: Path) -> None:
     """The client left before the read, and no worker heard its cancel (a tombstone only): the round
     trip that fences the delivery finds the tombstone, and the request ends with one ``cancelled``
     error without running."""
-    engine = start_engine(EngineSettings(kind="null", null_step_ms=5), tiny_model, TEST_MAX_MODEL_LEN)
-    keys = Keys(unique_prefix())
-    redis = connect(redis_url, timeout_s=5.0)
-    try:
-        await intake.ensure_groups(redis, keys)
+    null = EngineSettings(kind="null", null_step_ms=5)
+    async with null_engine_setup(redis_url, tiny_model, null) as (engine, keys, redis):
         await redis.set(keys.cancelled("gone"), b"1", ex=60)
         await intake.enqueue(redis, keys, message("gone", max_tokens=500))
         async with running_workers([settings(redis_url, keys, tiny_model)], engine, redis_url) as (worker,):
@@ -130,9 +134,6 @@ async def test_a_cancel_tombstone_found_with_the_delivery_cancels_the_request(re
         events = await read_output(redis, keys, "gone", from_seq=1)
         assert [(event.seq, event.type, event.error_code) for event in events] == [(1, "error", "cancelled")]
         assert worker.num_engine_calls == 0
-    finally:
-        await engine.shutdown()
-        await _delete(redis, keys)
 
 
 async def _delete(redis: aioredis.Redis, keys: Keys) -> None:
