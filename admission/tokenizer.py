@@ -1,7 +1,8 @@
 """Tokenizing prompts once, at admission, with the served model's own tokenizer.
 
 Tokenizing a long prompt takes milliseconds of CPU; it runs in a bounded thread pool so the event
-loop keeps serving other clients' streams meanwhile.
+loop keeps serving other clients' streams meanwhile. A short one (a chat turn) is tokenized on the
+loop: it takes less than the hand-off to a pool thread and back would add to its first token.
 """
 
 from __future__ import annotations
@@ -12,6 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from tailcut.models import encode_chat
+
+# Prompts of at most this many characters are tokenized on the event loop. Measured on 2 shared cores
+# with the tiny test model's tokenizer (its worst case: about one token per 1.4 characters): 512
+# characters take about 260 µs there, a pool thread's hand-off and wake-up about 190 µs on top of the
+# work itself.
+INLINE_MAX_CHARS = 512
 
 
 class PromptTokenizer:
@@ -49,10 +56,14 @@ class PromptTokenizer:
         return list(self._tokenizer.encode(text, add_special_tokens=True))
 
     async def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        if sum(len(message["content"]) for message in messages) <= INLINE_MAX_CHARS:
+            return self._encode_chat(messages)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self._encode_chat, messages)
 
     async def encode_text(self, text: str) -> list[int]:
+        if len(text) <= INLINE_MAX_CHARS:
+            return self._encode_text(text)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self._encode_text, text)
 

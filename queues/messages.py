@@ -45,8 +45,12 @@ class SamplingSpec(SamplingOptions):
 
     @classmethod
     def of(cls, options: SamplingOptions, *, max_tokens: int) -> SamplingSpec:
-        values = {item.name: getattr(options, item.name) for item in dataclasses.fields(SamplingOptions)}
+        values = {name: getattr(options, name) for name in _OPTION_NAMES}
         return cls(**values, max_tokens=max_tokens)
+
+
+# Once, not per request (``dataclasses.fields`` builds its tuple at every call).
+_OPTION_NAMES: tuple[str, ...] = tuple(item.name for item in dataclasses.fields(SamplingOptions))
 
 
 # The tenant of a request that names none (auth off, no ``user`` or ``X-Tailcut-Tenant``).
