@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from admission.tokenizer import INLINE_MAX_CHARS, PromptTokenizer
+from admission.tokenizer import INLINE_MAX_CHARS, MESSAGE_CHARS, PromptTokenizer
 
 
 class Where:
@@ -42,13 +42,15 @@ async def test_a_short_prompt_is_tokenized_on_the_loop_and_a_long_one_in_the_poo
     assert where.threads[1] != loop_thread and where.threads[1].startswith("tokenize")
 
 
-async def test_a_chat_is_measured_by_all_its_messages(tokenizer: PromptTokenizer) -> None:
+async def test_a_chat_is_measured_by_all_its_messages_and_their_number(tokenizer: PromptTokenizer) -> None:
     where = Where(tokenizer, "_encode_chat")
-    half = "b" * (INLINE_MAX_CHARS // 2)
+    half = "b" * (INLINE_MAX_CHARS // 2 - MESSAGE_CHARS)
     fits = [{"role": "system", "content": half}, {"role": "user", "content": half}]
     over = [{"role": "system", "content": half}, {"role": "user", "content": half + "b"}]
+    many = [{"role": "user", "content": ""}] * (INLINE_MAX_CHARS // MESSAGE_CHARS + 1)  # no text, many turns
     assert await tokenizer.encode_chat(fits) == await tokenizer.encode_chat(fits)
     await tokenizer.encode_chat(over)
+    await tokenizer.encode_chat(many)
     loop_thread = threading.current_thread().name
     assert where.threads[:2] == [loop_thread, loop_thread]
-    assert where.threads[2] != loop_thread
+    assert where.threads[2] != loop_thread and where.threads[3] != loop_thread
