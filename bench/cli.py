@@ -331,7 +331,16 @@ def _add_overhead_parser(bench_sub: argparse._SubParsersAction[argparse.Argument
     )
     overhead.add_argument("--streams", help="concurrency levels, comma-separated (default: 1,50,200,1000)")
     overhead.add_argument("--tokens", type=int, default=64, help="output tokens (= chunks) per request")
-    overhead.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, default=16, help="prompt tokens")
+    overhead.add_argument(
+        "--prompt-tokens", dest="prompt_tokens", type=int, default=16, help="prompt tokens (words with --prompt text)"
+    )
+    overhead.add_argument(
+        "--prompt",
+        default="ids",
+        choices=["ids", "text"],
+        help="send prompts as token ids (not tokenized by the API) or as text, which the API tokenizes as it "
+        "does a chat client's or vllm bench serve's (default ids)",
+    )
     overhead.add_argument(
         "--requests-per-level",
         dest="requests_per_level",

@@ -7,14 +7,16 @@ output length (``fixed_workload``) at a fixed concurrency, and summarise each le
 
 from __future__ import annotations
 
+import secrets
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 import numpy as np
 
 from bench import loadgen
+from bench.client import TextArrival
 from bench.cpu import MACHINE
 from bench.stats import RequestRecord, Summary, summarize
 from bench.workloads import Arrival, TierMix, Workload
@@ -28,6 +30,13 @@ STEADY_TRIM = 0.1  # the steady chunk rate leaves out the first and last 10% of 
 # saturated.
 ClientKind = Literal["httpx", "raw"]
 CLIENTS: tuple[ClientKind, ...] = ("httpx", "raw")
+# How prompts are sent: token ids, which the API does not tokenize, or text, which it does (as it does a
+# chat client's or `vllm bench serve`'s).
+PromptKind = Literal["ids", "text"]
+PROMPT_KINDS: tuple[PromptKind, ...] = ("ids", "text")
+# The words of a text prompt: short and common, one token each in the usual vocabularies (the tiny test
+# model's tokenizer splits some of them, so a text prompt's length is counted in words, not tokens).
+PROMPT_WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "what", "was", "new")
 
 
 # --- the workload -----------------------------------------------------------------------------------
@@ -49,8 +58,26 @@ def fixed_workload(prompt_tokens: int, output_tokens: int, *, tier: Tier = DEFAU
     )
 
 
-def fixed_requests(workload: Workload, count: int) -> list[Arrival]:
-    return loadgen.closed_loop_requests(workload, count, seed=0)
+def fixed_requests(workload: Workload, count: int, *, prompt: PromptKind = "ids") -> list[Arrival]:
+    """``count`` requests of ``workload``; with ``prompt="text"``, each prompt is text of its
+    ``prompt_tokens`` words (``prompt_text``, drawn afresh at every call)."""
+    arrivals = loadgen.closed_loop_requests(workload, count, seed=0)
+    if prompt == "ids":
+        return arrivals
+    salt = secrets.randbits(32)
+    return [with_text(arrival, prompt_text(arrival.index, arrival.prompt_tokens, salt=salt)) for arrival in arrivals]
+
+
+def prompt_text(index: int, num_words: int, *, salt: int) -> str:
+    """``num_words`` words (at least one), the first naming the call (``salt``) and the request: no two
+    prompts are alike, so neither the answer cache nor the engine's prefix cache serves one."""
+    rng = np.random.default_rng([salt, index])
+    words = [PROMPT_WORDS[int(pick)] for pick in rng.integers(0, len(PROMPT_WORDS), size=max(0, num_words - 1))]
+    return " ".join([f"r{salt:x}q{index}", *words])
+
+
+def with_text(arrival: Arrival, text: str) -> TextArrival:
+    return TextArrival(**{item.name: getattr(arrival, item.name) for item in fields(Arrival)}, text=text)
 
 
 # --- reducing records (pure) ------------------------------------------------------------------------

@@ -28,7 +28,16 @@ from typing import Any
 
 from bench import loadgen
 from bench.cpu import cpu_delta, cpu_snapshot
-from bench.levels import CLIENTS, DEFAULT_TIER, ClientKind, LevelResult, fixed_requests, fixed_workload, summarize_level
+from bench.levels import (
+    CLIENTS,
+    DEFAULT_TIER,
+    ClientKind,
+    LevelResult,
+    PromptKind,
+    fixed_requests,
+    fixed_workload,
+    summarize_level,
+)
 from bench.overhead_report import print_report, write_outputs
 from bench.rawclient import CANNED_SERVER, run_async, run_raw_closed_loop
 from bench.stack import log_folder, tailcut_stack
@@ -152,9 +161,11 @@ async def measure_level(
     )
 
 
-async def warm_up(url: str, model: str, workload: Workload, *, concurrency: int, count: int) -> None:
+async def warm_up(
+    url: str, model: str, workload: Workload, *, concurrency: int, count: int, prompt: PromptKind = "ids"
+) -> None:
     """Requests not recorded: connection pools, first-call paths and the worker's read loop get going."""
-    requests = fixed_requests(workload, count)
+    requests = fixed_requests(workload, count, prompt=prompt)
     await loadgen.run_closed_loop(url, model, requests, concurrency=concurrency, timeout_s=60.0)
 
 
@@ -215,6 +226,7 @@ class OverheadReport:
     client_ceilings: list[LevelResult]
     wall_s: float
     targets: list[TargetCheck] = field(default_factory=list)
+    prompt: PromptKind = "ids"
 
     def as_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -225,6 +237,7 @@ class OverheadReport:
             "model": self.model,
             "model_dir": self.model_dir,
             "prompt_tokens": self.prompt_tokens,
+            "prompt": self.prompt,
             "output_tokens": self.output_tokens,
             "tier": self.tier,
             "stack_ready_s": self.stack_ready_s,
@@ -250,6 +263,7 @@ def run(
     progress: Progress,
     step_ms: float = 0.0,
     policy: str = "tailcut",
+    prompt: PromptKind = "ids",
     on_level: Callable[[LevelResult], None] | None = None,
 ) -> OverheadReport:
     """Start the stack, measure every level with each client, stop the stack, then (optionally) measure the
@@ -277,7 +291,7 @@ def run(
         progress(f"tailcut ready at {stack.url} in {stack.ready_s:.1f} s")
 
         async def measure_all() -> None:
-            await warm_up(stack.url, model, workload, concurrency=min(top, 8), count=WARMUP_REQUESTS)
+            await warm_up(stack.url, model, workload, concurrency=min(top, 8), count=WARMUP_REQUESTS, prompt=prompt)
             for client in clients:
                 for level in streams:
                     count = requests_per_level or default_num_requests(level, request_s=request_s)
@@ -285,7 +299,7 @@ def run(
                     result = await measure_level(
                         stack.url,
                         model,
-                        fixed_requests(workload, count),
+                        fixed_requests(workload, count, prompt=prompt),
                         streams=level,
                         pids=stack.pids,
                         expected_tokens=output_tokens,
@@ -322,6 +336,7 @@ def run(
         levels=levels,
         client_ceilings=ceilings,
         wall_s=time.monotonic() - started,
+        prompt=prompt,
     )
     report.targets = check_targets(levels, ceilings, step_ms=step_ms)
     return report
@@ -374,6 +389,7 @@ def command(args: Any) -> None:
             progress=status_console.log,
             step_ms=args.step_ms,
             policy=args.policy,
+            prompt=args.prompt,
         )
     print_report(console, report)
     if args.out:

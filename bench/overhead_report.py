@@ -85,12 +85,18 @@ def throughput_table(levels: Sequence[LevelResult], ceilings: Sequence[LevelResu
     return table
 
 
+def _prompt(report: OverheadReport) -> str:
+    if report.prompt == "text":
+        return f"text prompts of {report.prompt_tokens} words (tokenized by the API)"
+    return f"{report.prompt_tokens} prompt tokens"
+
+
 def print_report(console: Any, report: OverheadReport) -> None:
     from rich.table import Table
 
     console.print(
         f"tailcut pipeline overhead, null engine ({_step(report.step_ms)}), model {report.model}: "
-        f"{report.prompt_tokens} prompt tokens, {report.output_tokens} output tokens per request, tier {report.tier}, "
+        f"{_prompt(report)}, {report.output_tokens} output tokens per request, tier {report.tier}, "
         f"policy {report.policy}, "
         "closed loop; "
         f"{os.cpu_count()} cores shared by the API, the worker, Redis and the client; {report.wall_s:.0f} s wall"

@@ -13,13 +13,14 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
 import pytest
 
 from bench import cpu, overhead, rawclient, vllm_server, vs_vllm
-from bench.client import Timeline
+from bench.client import TextArrival, Timeline, request_body
 from bench.levels import (
     ClientKind,
     LevelResult,
@@ -31,6 +32,7 @@ from bench.levels import (
     steady_chunk_rate,
     steady_token_rate,
     summarize_level,
+    with_text,
 )
 from bench.overhead import check_targets, parse_streams
 from bench.rawclient import canned_frames, raw_send
@@ -83,6 +85,22 @@ def test_fixed_workload_gives_requests_of_exactly_the_asked_lengths() -> None:
         (16, 64, "normal")
     }
     assert fixed_requests(workload, 50) == requests  # the same requests for every system and every run
+
+
+def test_text_prompts_are_the_same_requests_with_distinct_texts_of_the_asked_words() -> None:
+    workload = fixed_workload(16, 64)
+    ids = fixed_requests(workload, 50)
+    text = fixed_requests(workload, 50, prompt="text")
+    again = fixed_requests(workload, 50, prompt="text")
+
+    assert all(isinstance(arrival, TextArrival) for arrival in [*text, *again])
+    texts = [arrival.text for arrival in text if isinstance(arrival, TextArrival)]
+    assert [with_text(arrival, "") for arrival in ids] == [replace(arrival, text="") for arrival in text]
+    assert {len(prompt.split()) for prompt in texts} == {16}
+    assert len(set(texts)) == 50, "no two prompts alike: no cache serves one"
+    drawn_again = {arrival.text for arrival in again if isinstance(arrival, TextArrival)}
+    assert not set(texts) & drawn_again, "a new draw at each call (the warm-up's, then each level's)"
+    assert request_body("m", text[0])["prompt"] == texts[0]
 
 
 def test_parse_streams_sorts_and_rejects_nonsense() -> None:
