@@ -33,7 +33,6 @@ CLIENTS: tuple[ClientKind, ...] = ("httpx", "raw")
 # How prompts are sent: token ids, which the API does not tokenize, or text, which it does (as it does a
 # chat client's or `vllm bench serve`'s).
 PromptKind = Literal["ids", "text"]
-PROMPT_KINDS: tuple[PromptKind, ...] = ("ids", "text")
 # The words of a text prompt: short and common, one token each in the usual vocabularies (the tiny test
 # model's tokenizer splits some of them, so a text prompt's length is counted in words, not tokens).
 PROMPT_WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "what", "was", "new")
