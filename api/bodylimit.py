@@ -18,7 +18,7 @@ class BodyLimit:
         if scope["type"] != "http" or not self.max_bytes:
             await self.app(scope, receive, send)
             return
-        length = dict(scope.get("headers") or []).get(b"content-length")
+        length = content_length(scope)
         if length is not None and length.isdigit():
             if int(length) > self.max_bytes:
                 await self._refuse(send)
@@ -63,3 +63,10 @@ class BodyLimit:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+
+
+def content_length(scope: Scope) -> bytes | None:
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            return bytes(value)
+    return None
