@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from admission.admitter import Admitter
 from admission.shedding import Backlog
-from queues.keys import BUCKETS, TIERS, Tier
+from queues.keys import BUCKETS, TIERS, Bucket, Tier
 from queues.messages import OutputEvent, RequestMessage
 
 GAP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -75,6 +75,7 @@ class ApiMetrics:
         self.registry = CollectorRegistry()
         self._collectors: list[Collector] = []
         self._exposed: CollectorRegistry | None = None
+        self._series: dict[tuple[Tier, Bucket], Series] = {}
         self.admitted = Counter(
             "tailcut_requests_admitted_total",
             "Requests accepted into the intake streams.",
@@ -209,24 +210,55 @@ class ApiMetrics:
         """The text format of ``exposed``."""
         return generate_latest(self.exposed)
 
+    def series(self, tier: Tier, bucket: Bucket) -> Series:
+        """The children a request of ``tier`` and ``bucket`` updates, looked up once per process:
+        prometheus-client's ``labels()`` costs a lock and a validation at each call, seven per request."""
+        found = self._series.get((tier, bucket))
+        if found is None:
+            found = self._series[(tier, bucket)] = Series(
+                admitted=self.admitted.labels(tier, bucket),
+                ttft=self.ttft.labels(tier, bucket),
+                gap=self.chunk_gap.labels(tier, bucket),
+                e2e=self.e2e.labels(tier, bucket),
+                finished=self.finished.labels(tier, "final"),
+                met=self.slo_requests.labels(tier, "met"),
+                missed=self.slo_requests.labels(tier, "missed"),
+                prediction_error=self.prediction_error.labels(tier),
+            )
+        return found
+
     def track(self, message: RequestMessage, admitter: Admitter) -> RequestTracker:
-        self.admitted.labels(message.tier, message.bucket).inc()
-        return RequestTracker(self, message, admitter)
+        series = self.series(message.tier, message.bucket)
+        series.admitted.inc()
+        return RequestTracker(self, series, message, admitter)
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One tier's and bucket's children of the request metrics (``ApiMetrics.series``)."""
+
+    admitted: Counter
+    ttft: Histogram
+    gap: Histogram
+    e2e: Histogram
+    finished: Counter
+    met: Counter
+    missed: Counter
+    prediction_error: Histogram
 
 
 class RequestTracker:
     """Follows one request's batches of events for the metrics (one clock read and at most one
     observation per batch, not per token) and teaches the predictor its real length."""
 
-    def __init__(self, metrics: ApiMetrics, message: RequestMessage, admitter: Admitter) -> None:
+    def __init__(self, metrics: ApiMetrics, series: Series, message: RequestMessage, admitter: Admitter) -> None:
         self._metrics = metrics
+        self._series = series
         self._message = message
         self._admitter = admitter
         self._started = time.monotonic()
         self._first_chunk: float | None = None
         self._last_chunk: float | None = None
-        self._ttft = metrics.ttft.labels(message.tier, message.bucket)
-        self._gap = metrics.chunk_gap.labels(message.tier, message.bucket)
 
     def on_batch(self, batch: list[OutputEvent]) -> None:
         """Events that arrived together (and leave in one write)."""
@@ -237,29 +269,29 @@ class RequestTracker:
                     now = time.monotonic()
                     if self._last_chunk is None:
                         self._first_chunk = now
-                        self._ttft.observe(now - self._started)
+                        self._series.ttft.observe(now - self._started)
                     else:
-                        self._gap.observe(now - self._last_chunk)
+                        self._series.gap.observe(now - self._last_chunk)
                     self._last_chunk = now
             else:
                 self._on_other(event)
 
     def _on_other(self, event: OutputEvent) -> None:
-        tier, bucket = self._message.tier, self._message.bucket
-        metrics = self._metrics
+        tier = self._message.tier
+        metrics, series = self._metrics, self._series
         if event.type == "final":
             e2e_s = time.monotonic() - self._started
-            metrics.e2e.labels(tier, bucket).observe(e2e_s)
-            metrics.finished.labels(tier, "final").inc()
+            series.e2e.observe(e2e_s)
+            series.finished.inc()
             ttft_s = self._first_chunk - self._started if self._first_chunk is not None else None
             met = metrics.slo.met(tier, ttft_s=ttft_s, e2e_s=e2e_s, output_tokens=event.completion_tokens or 0)
-            metrics.slo_requests.labels(tier, "met" if met else "missed").inc()
+            (series.met if met else series.missed).inc()
             error = self._admitter.observe(self._message, event.completion_tokens or 0)
-            metrics.prediction_error.labels(tier).observe(error)
+            series.prediction_error.observe(error)
         elif event.type == "error":
             metrics.finished.labels(tier, event.error_code or "error").inc()
             if event.error_code != "cancelled":
-                metrics.slo_requests.labels(tier, "missed").inc()
+                series.missed.inc()
         elif event.type == "degraded" and event.degraded:
             self._metrics.degraded.labels(tier, str(event.degraded.get("reason", "unknown"))).inc()
 
