@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.sse import sse_lines
+
 RESUME_ATTEMPTS = 40
 RESUME_BACKOFF_S = 0.5
 
@@ -97,7 +99,7 @@ async def read_events(response: httpx.Response, trace: StreamTrace, *, stop_afte
     ``stop_after``, drop the connection after that many new positions."""
     event_id: int | None = None
     seen = 0
-    async for line in response.aiter_lines():
+    async for line in sse_lines(response):
         if line.startswith("id: "):
             event_id = int(line.removeprefix("id: "))
         elif line.startswith("data: "):

@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 
 from admission.config import BucketEdges
+from bench.sse import sse_lines
 from bench.stats import RequestRecord, Status, tpot_ms
 from bench.workloads import Arrival, session_token_ids
 from queues.keys import Bucket
@@ -249,7 +250,7 @@ async def _read_events(response: httpx.Response, timeline: Timeline, usage: _Usa
     note the usage chunk's counts; returns the in-stream error if any."""
     error: str | None = None
     done_s: float | None = None
-    async for line in response.aiter_lines():
+    async for line in sse_lines(response):
         at_s = time.perf_counter()
         if not line.startswith("data:"):
             continue

@@ -8,6 +8,8 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.sse import sse_lines
+
 DONE = "[DONE]"
 
 
@@ -15,7 +17,7 @@ async def frames(response: httpx.Response) -> AsyncIterator[tuple[int | None, An
     """Each ``data:`` payload of ``response`` (parsed JSON, or ``DONE``) with the SSE ``id:`` before it
     (None when it has none)."""
     event_id: int | None = None
-    async for line in response.aiter_lines():
+    async for line in sse_lines(response):
         if line.startswith("id: "):
             event_id = int(line.removeprefix("id: "))
         elif line.startswith("data: "):

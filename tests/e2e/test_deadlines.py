@@ -12,6 +12,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from bench.sse import sse_lines
 from queues import intake
 from queues.keys import WORKER_GROUP, Keys
 from queues.replies import ReplyRouter
@@ -63,7 +64,7 @@ async def test_an_expired_request_answers_504_and_a_stream_ends_with_the_error(
                     await asyncio.sleep(0.01)
                 await asyncio.sleep(0.3)  # both deadlines pass with no worker
                 async with running_workers([settings], engine, redis_url) as (worker,):
-                    lines = [line async for line in streamed.aiter_lines() if line.startswith("data: ")]
+                    lines = [line async for line in sse_lines(streamed) if line.startswith("data: ")]
                     answered = await whole
     assert answered.status_code == 504, answered.text
     assert answered.json()["error"]["code"] == "expired"

@@ -16,6 +16,7 @@ import httpx
 import orjson
 import pytest
 
+from bench.sse import sse_lines
 from queues import intake
 from queues.messages import OutputEvent, RequestMessage, SamplingSpec
 from queues.output import read_output
@@ -73,7 +74,7 @@ async def test_a_request_whose_engine_stalls_mid_stream_ends_in_a_summary_marked
             pauser = asyncio.create_task(pause_engine(twenty))
             async with client.stream("POST", "/v1/completions", json=body) as response:
                 request_id = response.headers["x-tailcut-request-id"]
-                async for line in response.aiter_lines():
+                async for line in sse_lines(response):
                     if line.startswith("data: "):
                         payload = line.removeprefix("data: ")
                         events.append(DONE if payload == DONE else orjson.loads(payload))

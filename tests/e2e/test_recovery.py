@@ -18,6 +18,7 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
+from bench.sse import sse_lines
 from queues import intake
 from queues.keys import WORKER_GROUP, Keys
 from queues.messages import OutputEvent, RequestMessage, SamplingSpec
@@ -164,7 +165,7 @@ async def test_a_sigkilled_worker_process_mid_stream_leaves_the_client_an_uninte
                     sent = time.monotonic()
                     async with client.stream("POST", "/v1/completions", json=body) as response:
                         assert response.status_code == 200
-                        async for line in response.aiter_lines():
+                        async for line in sse_lines(response):
                             if not line.startswith("data: "):
                                 continue
                             payload = line.removeprefix("data: ")
@@ -223,7 +224,7 @@ async def test_a_paused_worker_that_comes_back_is_fenced_off_and_writes_nothing(
                 events: list[Any] = []
                 async with contextlib.AsyncExitStack() as takeover:
                     async with client.stream("POST", "/v1/completions", json=body) as response:
-                        async for line in response.aiter_lines():
+                        async for line in sse_lines(response):
                             if not line.startswith("data: "):
                                 continue
                             payload = line.removeprefix("data: ")

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from admission.tokenizer import PromptTokenizer
+from bench.sse import sse_lines
 from queues.connection import connect
 from queues.keys import WORKER_GROUP, Keys
 from queues.output import read_output
@@ -133,7 +134,7 @@ async def leave_after_the_first_chunk(client: httpx.AsyncClient) -> str:
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
     async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
         assert response.status_code == 200
-        async for line in response.aiter_lines():
+        async for line in sse_lines(response):
             if line.startswith("data: "):
                 break
         return response.headers["x-tailcut-request-id"]
@@ -158,7 +159,7 @@ async def hold_stream(client: httpx.AsyncClient, body: dict[str, Any], accepted:
     async with client.stream("POST", CHAT, json=body) as response:
         assert response.status_code == 200, await response.aread()
         accepted.put_nowait(response.headers["x-tailcut-request-id"])
-        async for line in response.aiter_lines():
+        async for line in sse_lines(response):
             if line.startswith("data: "):
                 payload = line.removeprefix("data: ")
                 events.append(DONE if payload == DONE else orjson.loads(payload))

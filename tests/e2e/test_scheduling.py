@@ -12,6 +12,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from bench.sse import sse_lines
 from queues import intake
 from queues.keys import Keys
 from queues.messages import OutputEvent, SamplingSpec
@@ -155,7 +156,7 @@ async def test_realtime_starts_before_any_of_8_running_long_background_requests_
         nonlocal num_started
         first = True
         async with client.stream("POST", "/v1/completions", json=background) as response:
-            async for line in response.aiter_lines():
+            async for line in sse_lines(response):
                 if first and line.startswith("data: "):
                     first = False
                     num_started += 1
@@ -178,7 +179,7 @@ async def test_realtime_starts_before_any_of_8_running_long_background_requests_
             }
             first_token_at = None
             async with client.stream("POST", "/v1/completions", json=body) as response:
-                async for line in response.aiter_lines():
+                async for line in sse_lines(response):
                     if line.startswith("data: ") and first_token_at is None:
                         first_token_at = time.monotonic()
             await asyncio.gather(*tasks)

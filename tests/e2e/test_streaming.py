@@ -13,6 +13,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from admission.tokenizer import PromptTokenizer
+from bench.sse import sse_lines
 from queues.messages import SamplingSpec
 from queues.output import read_output
 from tests.sse import DONE, finish_reasons, positions_grow, stream_events, streamed_token_ids
@@ -114,7 +115,7 @@ async def test_client_disconnect_aborts_the_engine_request_within_one_second(
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 request_id = response.headers["x-tailcut-request-id"]
                 lines = 0
-                async for line in response.aiter_lines():
+                async for line in sse_lines(response):
                     lines += line.startswith("data: ")
                     if lines == 5:
                         break

@@ -31,6 +31,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError
 from admission.shedding import Backlog
 from api.settings import ApiSettings
 from api.status import live_workers
+from bench.sse import sse_lines
 from jobs.arq_worker import JobsWorker, build_worker, close_worker, run_worker
 from jobs.runner import JobRunner
 from jobs.settings import JobsSettings
@@ -617,7 +618,7 @@ async def test_api_worker_and_jobs_process_serve_through_their_own_users(
             # A client that leaves cancels its request: tombstone and broadcast, the worker aborts it.
             async with client.stream("POST", "/v1/completions", json={**body, "max_tokens": 1500}) as response:
                 cancelled_id = response.headers["x-tailcut-request-id"]
-                async for line in response.aiter_lines():
+                async for line in sse_lines(response):
                     if line.startswith("data: "):
                         break
 

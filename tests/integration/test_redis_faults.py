@@ -22,6 +22,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from bench.sse import sse_lines
 from queues import intake
 from queues.connection import connect, connect_blocking
 from queues.keys import Keys
@@ -219,7 +220,7 @@ async def read_sse(response: httpx.Response) -> list[tuple[int | None, Any]]:
     """(SSE id or None, data payload) of every frame, until the stream ends."""
     frames: list[tuple[int | None, Any]] = []
     event_id: int | None = None
-    async for line in response.aiter_lines():
+    async for line in sse_lines(response):
         if line.startswith("id: "):
             event_id = int(line.removeprefix("id: "))
         elif line.startswith("data: "):

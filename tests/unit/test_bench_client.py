@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import uvicorn
@@ -36,6 +37,7 @@ from bench.client import (
     send,
 )
 from bench.records import read_records
+from bench.sse import sse_lines
 from bench.workloads import Arrival, Workload, poisson_trace
 from queues.keys import Tier
 from tailcut.cli import main
@@ -130,6 +132,11 @@ def test_a_sessions_later_turn_sends_the_earlier_turns_prompt_as_its_prefix() ->
 # --- the real client against a local SSE server ---
 
 
+# What ``str.splitlines`` (and so httpx's ``aiter_lines``) splits at besides CR and LF; JSON leaves them as
+# they are inside strings, and a model's tokens hold them now and then.
+SEPARATORS = "\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e"
+
+
 def sse(data: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
 
@@ -155,7 +162,8 @@ class InFlight:
 
 def fake_openai_app(received: list[tuple[dict[str, str], dict[str, Any]]], in_flight: InFlight) -> FastAPI:
     """Tenant ``shed`` gets a 429, ``broken`` a 500, ``slow`` waits 30 s, ``midway`` an error event after
-    one token; everyone else gets ``max_tokens`` text chunks (the first after FIRST_SLEEP_S, then every GAP_S),
+    one token, ``separators`` texts holding the characters ``str.splitlines`` also splits at (each frame
+    sent in two writes, cut inside its JSON); everyone else gets ``max_tokens`` text chunks (the first after FIRST_SLEEP_S, then every GAP_S),
     a finish chunk, usage and [DONE]. The chat route opens with a role-only chunk, as vLLM's server does."""
     app = FastAPI()
 
@@ -208,6 +216,13 @@ def fake_openai_app(received: list[tuple[dict[str, str], dict[str, Any]]], in_fl
                 for position in range(body["max_tokens"]):
                     if position:
                         await sleep_at_least(GAP_S)
+                    if tenant == "separators":
+                        frame = chunk(f" w{position}{SEPARATORS}")
+                        middle = frame.index(SEPARATORS[0].encode()) + 1
+                        yield frame[:middle]
+                        await asyncio.sleep(0.005)
+                        yield frame[middle:]
+                        continue
                     yield chunk(f" w{position}")
                     if tenant == "midway":  # the engine failed after one token
                         yield sse(error_body("the engine stopped", "service_unavailable"))
@@ -281,6 +296,30 @@ async def test_one_request_sends_the_benchmark_body(fake: FakeServer) -> None:
     assert record.e2e_ms is not None and record.e2e_ms >= record.ttft_ms + 4 * GAP_S * 1000
     assert len(record.gaps_ms) == 4
     assert record.tpot_ms == pytest.approx((record.e2e_ms - record.ttft_ms) / 4)
+
+
+async def test_a_text_with_unicode_line_separators_is_one_sse_line(fake: FakeServer) -> None:
+    async with open_http(fake.url) as http:
+        record = await send(http, MODEL, arrival(0, output=4, tenant="separators"), origin_s=time.perf_counter())
+    assert record.status == "ok" and record.error is None, record.error
+    assert record.output_tokens == 4 and len(record.gaps_ms) == 3
+
+
+async def test_sse_lines_split_at_cr_lf_and_crlf_only_across_reads() -> None:
+    body = f"data: a{SEPARATORS}b\r\ndata: c\r\rdata: d\n\nid: 7\r".encode()
+    for cut in range(1, len(body)):  # every place a read may end, the middle of a CRLF included
+        response = httpx.Response(200, stream=Reads([body[:cut], body[cut:]]))
+        lines = [line async for line in sse_lines(response)]
+        assert lines == [f"data: a{SEPARATORS}b", "data: c", "", "data: d", "", "id: 7"], cut
+
+
+class Reads(httpx.AsyncByteStream):
+    def __init__(self, reads: list[bytes]) -> None:
+        self._reads = reads
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for read in self._reads:
+            yield read
 
 
 async def test_closed_loop_records_every_outcome(fake: FakeServer) -> None:
