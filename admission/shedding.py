@@ -10,7 +10,10 @@ simulator's counts its own queue, so ``tailcut bench policies`` measures what th
 
 "Waiting" is the intake streams' lag (entries no worker has read yet), polled every
 ``shed_probe_interval_s``, plus the requests this process admitted since the last poll, so a burst
-between two polls cannot run past the bound. An admission whose XADD and the poll cross each other is
+between two polls cannot run past the bound. While every stream is empty and this process admits
+nothing, the poll comes once a second instead (``IDLE_PROBE_S``), and at once after the next admission:
+an idle API does not send Redis ten probes a second, and a burst other API processes send while this
+one is idle is seen up to a second late here. An admission whose XADD and the poll cross each other is
 counted once: the poll also says up to which entry id its count goes (``intake.lags``), and the
 admission knows its entry's id. Requests a worker has read ahead into its local queue
 (at most ``TAILCUT_SCHEDULER__PREFETCH`` per tier) are not counted. The bound is on requests, not on
@@ -45,6 +48,9 @@ log = logging.getLogger("tailcut.admission")
 RETRY_AFTER_MAX_S = 30
 # The queued tokens (a metric, not a shedding input) are summed at most this often: it reads the entries.
 QUEUED_TOKENS_INTERVAL_S = 1.0
+# While the intake streams are empty and this process admits nothing, the backlog is probed this seldom
+# (instead of every ``shed_probe_interval_s``), and again at once on the next admission.
+IDLE_PROBE_S = 1.0
 # Weight of the newest probe in the drain-rate average (about the last two seconds at 10 probes/s).
 DRAIN_SMOOTHING = 0.05
 
@@ -83,11 +89,12 @@ class Backlog:
     """Requests waiting per tier in the intake streams, as the shedding rule reads them (see the
     module docstring). Reads Redis, never writes it."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, *, interval_s: float) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, *, interval_s: float, idle_s: float = IDLE_PROBE_S) -> None:
         self._redis = redis
         self._streams = {tier: [keys.intake(tier, bucket) for bucket in BUCKETS] for tier in TIERS}
         self._keys_of = {keys.intake(tier, bucket): (tier, bucket) for tier in TIERS for bucket in BUCKETS}
         self._interval_s = interval_s
+        self._idle_s = max(interval_s, idle_s)
         self._probed: dict[Tier, int] = dict.fromkeys(TIERS, 0)
         # The last probe per (tier, bucket): entries no worker has read yet.
         self.depth: dict[tuple[Tier, Bucket], int] = {(tier, bucket): 0 for tier in TIERS for bucket in BUCKETS}
@@ -105,6 +112,7 @@ class Backlog:
         self._probed_at: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._admission = asyncio.Event()  # this process admitted a request (or stops): an idle wait ends
 
     def waiting(self, tier: Tier) -> int:
         """The last probe, plus what this process admitted since, minus what the workers read since at
@@ -122,6 +130,7 @@ class Backlog:
         else:
             self._unprobed[stream].append(key)
             self._admitted[tier] += 1
+        self._admission.set()
 
     def retry_after_s(self, tier: Tier, limit: int) -> int:
         """Seconds until the tier's queue has drained below ``limit`` at the recent drain rate."""
@@ -163,8 +172,14 @@ class Backlog:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="shed-backlog")
 
+    @property
+    def idle(self) -> bool:
+        """The last probe found every stream empty and this process admitted nothing since."""
+        return not any(self.depth.values()) and not any(self._unprobed.values())
+
     async def stop(self) -> None:
         self._stopping.set()
+        self._admission.set()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -179,3 +194,10 @@ class Backlog:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._interval_s):
                     await self._stopping.wait()
+            if self.idle:
+                # Nothing queued and nothing admitted here: probe again after ``idle_s``, or at once
+                # when this process admits a request (other APIs' bursts are seen up to that much later).
+                self._admission.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._idle_s - self._interval_s):
+                        await self._admission.wait()

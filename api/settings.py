@@ -157,7 +157,11 @@ class ApiSettings(AdmissionSettings, ReplySettings):
         "60 s): a request sent on a connection just as the server closes it fails with a reset.",
     )
     shed_probe_interval_s: float = Field(
-        0.1, gt=0, le=10, description="How often the API reads the intake streams' backlog for shedding."
+        0.1,
+        gt=0,
+        le=10,
+        description="How often the API reads the intake streams' backlog for shedding (once a second instead "
+        "while every stream is empty and this API admits nothing).",
     )
 
     @model_validator(mode="after")

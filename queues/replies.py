@@ -145,6 +145,7 @@ class ReplyRouter:
         self.channel = keys.reply_channel(api_id)
         self.poll_max_s = poll_max_s
         self._streams: dict[str, ReplyStream] = {}
+        self._opened = asyncio.Event()  # a stream opened since the sweep found none
         self._subscribed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -187,6 +188,7 @@ class ReplyRouter:
             raise ServiceUnavailableError("not subscribed to the reply channel yet (is Redis up?)")
         stream = ReplyStream(self, request_id, alive=alive)
         self._streams[request_id] = stream
+        self._opened.set()
         return stream
 
     def close(self, request_id: str) -> None:
@@ -202,6 +204,11 @@ class ReplyRouter:
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_S)
+            if not self._streams:
+                # No reader to look after: sleep until one opens, not ten wake-ups a second.
+                self._opened.clear()
+                await self._opened.wait()
+                continue
             now_s = time.monotonic()
             for stream in list(self._streams.values()):
                 stream.poll(now_s, max_s=self.poll_max_s)

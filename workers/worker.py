@@ -51,6 +51,11 @@ SCHEDULE_TICK_S = 0.05
 # room an admission frees is used within it rather than after a whole read_block_ms.
 BLOCK_WHILE_FULL_MS = 20
 BACKLOG_PROBE_S = 0.1
+# While nothing of its own runs, waits or is kept for a later turn here, the worker's periodic work (the
+# scheduling round, the degrade watchdog, the backlog probe) comes this seldom instead, and at once when
+# an entry arrives: an idle worker sends Redis one backlog probe a second, not ten, and wakes about 20
+# times a second, not 60 (BENCHMARKS.md, "An idle stack").
+IDLE_TICK_S = 1.0
 # How often a worker reads the shared circuit breakers.
 BREAKER_REFRESH_S = 1.0
 HELPERS_STOP_S = 5.0
@@ -172,6 +177,7 @@ class Worker:
         self._judge_deaths_after = 0.0
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
+        self._work = asyncio.Event()  # an entry arrived or the worker stops: the idle pauses end
         self._stopping = asyncio.Event()
         self._gone = asyncio.Event()  # set once the drain is over: the heartbeat stops
         self._redis_unanswered_at_stop = False  # a wait of the stop for Redis ran out: shorten the rest
@@ -257,6 +263,17 @@ class Worker:
         """Requests the engine may run at once now: ``num_running_max`` scaled by the ramp."""
         return self._ramp.capacity(self._ramp_elapsed_s(), self._settings.num_running_max)
 
+    def _idle(self) -> bool:
+        """Nothing of its own runs, waits, is being touched or kept for a later turn here."""
+        keeper = self.keeper
+        return (
+            not self._tasks
+            and self.scheduler.num_waiting == 0
+            and not self._touches
+            and (keeper is None or keeper.num_kept == 0)
+            and not self._stopping.is_set()
+        )
+
     def _busy(self) -> bool:
         """Requests of its own run or wait here (prefix warmup then waits)."""
         return bool(self._tasks) or self.scheduler.num_waiting > 0 or self._stopping.is_set()
@@ -304,6 +321,7 @@ class Worker:
         self._stopping.set()
         self._wake.set()
         self._room.set()
+        self._work.set()
 
     async def run(self) -> None:
         """Serve until ``stop()``; raises the fatal error that stopped it, if any."""
@@ -467,6 +485,7 @@ class Worker:
             self.keeper.arrived(message.tier, message.tenant, message.prompt_token_ids)
         self.scheduler.add(SchedRequest.of(message))
         self._wake.set()
+        self._work.set()
 
     # --- scheduling ---------------------------------------------------------------------------
 
@@ -483,7 +502,7 @@ class Worker:
     async def _schedule_loop(self) -> None:
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(SCHEDULE_TICK_S):
+                async with asyncio.timeout(IDLE_TICK_S if self._idle() else SCHEDULE_TICK_S):
                     await self._wake.wait()
             self._wake.clear()
             if self._stopping.is_set():
@@ -796,7 +815,7 @@ class Worker:
         so does a continuation waiting here to resume for that long since its last output."""
         degrade = self._settings.degrade_config()
         while not self._stopping.is_set():
-            await self._pause(degrade.watch_interval_ms / 1000)
+            await self._pause_unless_work(degrade.watch_interval_ms / 1000)
             now = time.monotonic()
             for request_id, life in list(self._lives.items()):
                 task = self._tasks.get(request_id)
@@ -969,6 +988,17 @@ class Worker:
             async with asyncio.timeout(seconds):
                 await self._stopping.wait()
 
+    async def _pause_unless_work(self, seconds: float) -> None:
+        """``_pause(seconds)``, and then, while the worker is idle, on up to ``IDLE_TICK_S`` in all unless
+        an entry arrives (or the worker stops): never more often than before, far less when idle."""
+        await self._pause(seconds)
+        if not self._idle():
+            return
+        self._work.clear()  # in the same step as the check: an entry accepted after it sets it again
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, IDLE_TICK_S - seconds)):
+                await self._work.wait()
+
     async def _heartbeat(self) -> None:
         """Beat until the drain is over (not merely until stop: what still runs here is ours)."""
         beat_s = self._settings.heartbeat_s
@@ -1011,7 +1041,7 @@ class Worker:
                 self._backlog = {self._stream_of[stream]: lag for stream, lag in lags.items() if lag}
             except RedisError as exc:
                 log_event(log, "backlog_probe_failed", logging.WARNING, error=str(exc))
-            await self._pause(BACKLOG_PROBE_S)
+            await self._pause_unless_work(BACKLOG_PROBE_S)
 
     async def _listen_for_cancels(self) -> None:
         """Until the drain is over: a client may still cancel what runs here."""

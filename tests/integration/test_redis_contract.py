@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import orjson
@@ -397,6 +398,39 @@ async def test_backlog_counts_waiting_requests_and_retry_after_follows_the_drain
         assert ShedLimits(background=11).sheds("background", backlog.waiting("background"))
         assert not ShedLimits(background=0).sheds("background", 10_000)
     finally:
+        await redis.delete(*keys.intake_all())
+
+
+async def test_an_idle_backlog_probes_seldom_and_at_once_after_an_admission(redis: aioredis.Redis) -> None:
+    """Empty streams and nothing admitted: the probe waits ``idle_s``, not ``interval_s``; this process's
+    next admission brings the next probe at once, and probes come every ``interval_s`` again while
+    anything waits."""
+    keys = Keys(unique_prefix())
+    backlog = Backlog(redis, keys, interval_s=0.05, idle_s=60.0)
+    stream = keys.intake("normal", "short")
+    probes: list[float] = []
+    probe = backlog.probe
+
+    async def counted() -> None:
+        await probe()
+        probes.append(time.monotonic())
+
+    backlog.probe = counted  # type: ignore[method-assign]
+    try:
+        await intake.ensure_groups(redis, keys)
+        backlog.start()
+        await asyncio.sleep(1.0)
+        assert len(probes) == 1 and backlog.idle, probes  # every 0.05 s before: about 20
+        backlog.admitted("normal", "short", await redis.xadd(stream, {"d": b"1"}))
+        async with asyncio.timeout(30):  # not the 60 s of an idle wait
+            while len(probes) < 2:
+                await asyncio.sleep(0.01)
+        assert backlog.depth["normal", "short"] == 1 and not backlog.idle
+        async with asyncio.timeout(30):  # something waits: the short interval again
+            while len(probes) < 5:
+                await asyncio.sleep(0.01)
+    finally:
+        await backlog.stop()
         await redis.delete(*keys.intake_all())
 
 

@@ -1,7 +1,7 @@
 """The worker's output path against a real Redis, with the zero-cost ``null`` engine: a busy worker
 coalesces tokens into fewer events with every position exact, a finished request's entry goes with
-its final event, and a cancel heard just before its entry arrives, or left as a tombstone before the
-read, still cancels it."""
+its final event, a cancel heard just before its entry arrives, or left as a tombstone before the
+read, still cancels it, and an idle worker keeps its periodic work to about once a second."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
 
 from queues import intake
@@ -134,6 +135,42 @@ async def test_a_cancel_tombstone_found_with_the_delivery_cancels_the_request(re
         events = await read_output(redis, keys, "gone", from_seq=1)
         assert [(event.seq, event.type, event.error_code) for event in events] == [(1, "error", "cancelled")]
         assert worker.num_engine_calls == 0
+
+
+async def test_an_idle_worker_probes_and_schedules_about_once_a_second_and_still_serves(
+    redis_url: str, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing running, waiting or kept, the backlog probe and the scheduling round come every
+    ``IDLE_TICK_S`` (every 0.1 and 0.05 s while busy); an entry that arrives is served all the same,
+    and the worker is quiet again after it."""
+    probes: list[float] = []
+    backlog = intake.backlog
+
+    async def counted(redis: aioredis.Redis, streams: list[str]) -> dict[str, int]:
+        probes.append(time.monotonic())
+        return await backlog(redis, streams)
+
+    monkeypatch.setattr(intake, "backlog", counted)
+    null = EngineSettings(kind="null", null_step_ms=5)
+    async with null_engine_setup(redis_url, tiny_model, null) as (engine, keys, redis):
+        async with running_workers([settings(redis_url, keys, tiny_model)], engine, redis_url) as (worker,):
+            rounds: list[float] = []
+            schedule_round = worker._schedule_round
+
+            async def counted_round() -> None:
+                rounds.append(time.monotonic())
+                await schedule_round()
+
+            monkeypatch.setattr(worker, "_schedule_round", counted_round)
+            for _ in range(2):
+                await asyncio.sleep(0.5)  # the first pause after the last work
+                start = len(probes), len(rounds)
+                await asyncio.sleep(2.0)
+                # At the busy pace: 20 probes and 40 rounds.
+                assert len(probes) - start[0] <= 4 and len(rounds) - start[1] <= 4, (probes, rounds)
+                await intake.enqueue(redis, keys, message(f"after-{len(probes)}", max_tokens=20))
+                await until(lambda: len(worker.served_ids) == 1, timeout_s=20, what="the entry served")
+                worker.served_ids.clear()
 
 
 async def _delete(redis: aioredis.Redis, keys: Keys) -> None:
