@@ -11,7 +11,7 @@ simulator's counts its own queue, so ``tailcut bench policies`` measures what th
 "Waiting" is the intake streams' lag (entries no worker has read yet), polled every
 ``shed_probe_interval_s``, plus the requests this process admitted since the last poll, so a burst
 between two polls cannot run past the bound. While every stream is empty and this process admits
-nothing, the poll comes once a second instead (``IDLE_PROBE_S``), and at once after the next admission:
+nothing, the poll comes once a second instead (``IDLE_PROBE_S``), and one interval after the next admission:
 an idle API does not send Redis ten probes a second, and a burst other API processes send while this
 one is idle is seen up to a second late here. An admission whose XADD and the poll cross each other is
 counted once: the poll also says up to which entry id its count goes (``intake.lags``), and the
@@ -49,7 +49,7 @@ RETRY_AFTER_MAX_S = 30
 # The queued tokens (a metric, not a shedding input) are summed at most this often: it reads the entries.
 QUEUED_TOKENS_INTERVAL_S = 1.0
 # While the intake streams are empty and this process admits nothing, the backlog is probed this seldom
-# (instead of every ``shed_probe_interval_s``), and again at once on the next admission.
+# (instead of every ``shed_probe_interval_s``), and again one interval after the next admission.
 IDLE_PROBE_S = 1.0
 # Weight of the newest probe in the drain-rate average (about the last two seconds at 10 probes/s).
 DRAIN_SMOOTHING = 0.05
@@ -195,9 +195,15 @@ class Backlog:
                 async with asyncio.timeout(self._interval_s):
                     await self._stopping.wait()
             if self.idle:
-                # Nothing queued and nothing admitted here: probe again after ``idle_s``, or at once
-                # when this process admits a request (other APIs' bursts are seen up to that much later).
+                # Nothing queued and nothing admitted here: probe again after ``idle_s``, or one interval
+                # after this process admits a request (not beside its intake, on its first token's path;
+                # the admission counts itself meanwhile). Other APIs' bursts are seen up to ``idle_s`` late.
                 self._admission.clear()
-                with contextlib.suppress(TimeoutError):
+                try:
                     async with asyncio.timeout(self._idle_s - self._interval_s):
                         await self._admission.wait()
+                except TimeoutError:
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._interval_s):
+                        await self._stopping.wait()

@@ -52,8 +52,8 @@ SCHEDULE_TICK_S = 0.05
 BLOCK_WHILE_FULL_MS = 20
 BACKLOG_PROBE_S = 0.1
 # While nothing of its own runs, waits or is kept for a later turn here, the worker's periodic work (the
-# scheduling round, the degrade watchdog, the backlog probe) comes this seldom instead, and at once when
-# an entry arrives: an idle worker sends Redis one backlog probe a second, not ten, and wakes about 20
+# scheduling round, the degrade watchdog, the backlog probe) comes this seldom instead, and again at its
+# busy pace once an entry arrives: an idle worker sends Redis one backlog probe a second, not ten, and wakes about 20
 # times a second, not 60 (BENCHMARKS.md, "An idle stack").
 IDLE_TICK_S = 1.0
 # How often a worker reads the shared circuit breakers.
@@ -990,14 +990,19 @@ class Worker:
 
     async def _pause_unless_work(self, seconds: float) -> None:
         """``_pause(seconds)``, and then, while the worker is idle, on up to ``IDLE_TICK_S`` in all unless
-        an entry arrives (or the worker stops): never more often than before, far less when idle."""
+        an entry arrives (or the worker stops): never more often than before, far less when idle. An
+        entry that ends the wait is followed by one more ``_pause(seconds)``, so that what runs next (a
+        probe's round trip) does not run beside the entry's start, on its first token's path."""
         await self._pause(seconds)
         if not self._idle():
             return
         self._work.clear()  # in the same step as the check: an entry accepted after it sets it again
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(max(0.0, IDLE_TICK_S - seconds)):
                 await self._work.wait()
+        except TimeoutError:
+            return
+        await self._pause(seconds)
 
     async def _heartbeat(self) -> None:
         """Beat until the drain is over (not merely until stop: what still runs here is ours)."""

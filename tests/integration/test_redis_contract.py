@@ -401,10 +401,10 @@ async def test_backlog_counts_waiting_requests_and_retry_after_follows_the_drain
         await redis.delete(*keys.intake_all())
 
 
-async def test_an_idle_backlog_probes_seldom_and_at_once_after_an_admission(redis: aioredis.Redis) -> None:
+async def test_an_idle_backlog_probes_seldom_and_again_soon_after_an_admission(redis: aioredis.Redis) -> None:
     """Empty streams and nothing admitted: the probe waits ``idle_s``, not ``interval_s``; this process's
-    next admission brings the next probe at once, and probes come every ``interval_s`` again while
-    anything waits."""
+    next admission brings the next probe one interval later, and probes come every ``interval_s`` again
+    while anything waits."""
     keys = Keys(unique_prefix())
     backlog = Backlog(redis, keys, interval_s=0.05, idle_s=60.0)
     stream = keys.intake("normal", "short")
