@@ -112,7 +112,7 @@ class Backlog:
         self._probed_at: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
-        self._admission = asyncio.Event()  # this process admitted a request (or stops): an idle wait ends
+        self._admission = asyncio.Event()  # this process admitted a request: an idle wait ends
 
     def waiting(self, tier: Tier) -> int:
         """The last probe, plus what this process admitted since, minus what the workers read since at
@@ -179,7 +179,6 @@ class Backlog:
 
     async def stop(self) -> None:
         self._stopping.set()
-        self._admission.set()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -191,19 +190,19 @@ class Backlog:
             except RedisError as exc:
                 # Keep the last figures; Redis errors reach clients as 503s on enqueue anyway.
                 log_event(log, "backlog_probe_failed", logging.WARNING, error=str(exc))
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._interval_s):
-                    await self._stopping.wait()
+            await self._pause(self._stopping, self._interval_s)
             if self.idle:
                 # Nothing queued and nothing admitted here: probe again after ``idle_s``, or one interval
                 # after this process admits a request (not beside its intake, on its first token's path;
                 # the admission counts itself meanwhile). Other APIs' bursts are seen up to ``idle_s`` late.
                 self._admission.clear()
-                try:
-                    async with asyncio.timeout(self._idle_s - self._interval_s):
-                        await self._admission.wait()
-                except TimeoutError:
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._interval_s):
-                        await self._stopping.wait()
+                if await self._pause(self._admission, self._idle_s - self._interval_s):
+                    await self._pause(self._stopping, self._interval_s)
+
+    @staticmethod
+    async def _pause(event: asyncio.Event, seconds: float) -> bool:
+        """Wait up to ``seconds`` for ``event``; whether it came."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await event.wait()
+        return event.is_set()

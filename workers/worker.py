@@ -53,8 +53,8 @@ BLOCK_WHILE_FULL_MS = 20
 BACKLOG_PROBE_S = 0.1
 # While nothing of its own runs, waits or is kept for a later turn here, the worker's periodic work (the
 # scheduling round, the degrade watchdog, the backlog probe) comes this seldom instead, and again at its
-# busy pace once an entry arrives: an idle worker sends Redis one backlog probe a second, not ten, and wakes about 20
-# times a second, not 60 (BENCHMARKS.md, "An idle stack").
+# busy pace once an entry arrives: an idle worker sends Redis one backlog probe a second, not ten, and
+# wakes about 20 times a second, not 60 (BENCHMARKS.md, "An idle stack").
 IDLE_TICK_S = 1.0
 # How often a worker reads the shared circuit breakers.
 BREAKER_REFRESH_S = 1.0
@@ -264,15 +264,9 @@ class Worker:
         return self._ramp.capacity(self._ramp_elapsed_s(), self._settings.num_running_max)
 
     def _idle(self) -> bool:
-        """Nothing of its own runs, waits, is being touched or kept for a later turn here."""
+        """Not ``_busy``, and no turn is being touched or kept for later here."""
         keeper = self.keeper
-        return (
-            not self._tasks
-            and self.scheduler.num_waiting == 0
-            and not self._touches
-            and (keeper is None or keeper.num_kept == 0)
-            and not self._stopping.is_set()
-        )
+        return not self._busy() and not self._touches and (keeper is None or keeper.num_kept == 0)
 
     def _busy(self) -> bool:
         """Requests of its own run or wait here (prefix warmup then waits)."""
