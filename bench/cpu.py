@@ -8,14 +8,17 @@ not tailcut's alone).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 MACHINE = "machine"  # the key of the whole machine's busy CPU seconds in a snapshot
 BUSY_MACHINE_SHARE = 0.3  # CPU outside the benchmark above this share of a core: the figures are suspect
+YARDSTICK_ITERATIONS = 2_000_000
 
 
 def _stat_cpu_seconds(stat: str) -> float:
@@ -103,3 +106,20 @@ def group_cpu_seconds(pgids: Mapping[str, int]) -> dict[str, float]:
 
 def cpu_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
     return {name: after[name] - before[name] for name in before if name in after}
+
+
+def interpreter_ns_per_iteration(iterations: int = YARDSTICK_ITERATIONS, *, runs: int = 3) -> float:
+    """Nanoseconds one iteration of a plain Python loop of additions takes here, the best of ``runs``: a
+    yardstick for runs made on different machines. tailcut's own work is interpreted Python while a
+    canned server's is mostly the kernel's socket calls, so a machine with a slow interpreter moves the
+    ratios between the two (BENCHMARKS.md "The same code on a slower machine")."""
+    if iterations < 1 or runs < 1:
+        raise ValueError(f"iterations and runs must be at least 1: {iterations}, {runs}")
+    best = math.inf
+    for _ in range(runs):
+        started = time.perf_counter_ns()
+        total = 0
+        for value in range(iterations):
+            total += value
+        best = min(best, time.perf_counter_ns() - started)
+    return best / iterations

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import loadgen
-from bench.cpu import cpu_delta, cpu_snapshot
+from bench.cpu import cpu_delta, cpu_snapshot, interpreter_ns_per_iteration
 from bench.levels import (
     CLIENTS,
     DEFAULT_TIER,
@@ -227,13 +227,20 @@ class OverheadReport:
     wall_s: float
     targets: list[TargetCheck] = field(default_factory=list)
     prompt: PromptKind = "ids"
+    # ``bench.cpu.interpreter_ns_per_iteration`` before the stack started: compare runs by it.
+    python_loop_ns: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "engine": "null (one token per running request per step)",
             "step_ms": self.step_ms,
             "policy": self.policy,
-            "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": sys.platform},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": sys.version.split()[0],
+                "platform": sys.platform,
+                "python_loop_ns": self.python_loop_ns,
+            },
             "model": self.model,
             "model_dir": self.model_dir,
             "prompt_tokens": self.prompt_tokens,
@@ -271,6 +278,7 @@ def run(
     from tailcut.models import served_name
 
     started = time.monotonic()
+    python_loop_ns = interpreter_ns_per_iteration()
     workload = fixed_workload(prompt_tokens, output_tokens)
     top = max(streams)
     worker_env = {
@@ -337,6 +345,7 @@ def run(
         client_ceilings=ceilings,
         wall_s=time.monotonic() - started,
         prompt=prompt,
+        python_loop_ns=python_loop_ns,
     )
     report.targets = check_targets(levels, ceilings, step_ms=step_ms)
     return report

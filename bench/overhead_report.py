@@ -100,6 +100,12 @@ def print_report(console: Any, report: OverheadReport) -> None:
         f"policy {report.policy}, "
         "closed loop; "
         f"{os.cpu_count()} cores shared by the API, the worker, Redis and the client; {report.wall_s:.0f} s wall"
+        + (
+            f"; a Python loop iteration took {report.python_loop_ns:.0f} ns here (runs on machines whose figure "
+            "differs are not comparable)"
+            if report.python_loop_ns is not None
+            else ""
+        )
     )
     console.print(latency_table(report.levels, "latency (ms): TTFT = tailcut's added latency before the first token"))
     console.print(throughput_table(report.levels, report.client_ceilings))

@@ -211,6 +211,16 @@ def test_cpu_accounting_reads_proc() -> None:
     assert cpu.cpu_delta({"a": 1.0, "b": 2.0}, {"a": 1.5}) == {"a": 0.5}
 
 
+def test_the_interpreter_yardstick_is_time_per_iteration() -> None:
+    """Per iteration, not per loop: eight times the iterations give about the same figure."""
+    short = cpu.interpreter_ns_per_iteration(50_000)
+    long = cpu.interpreter_ns_per_iteration(400_000)
+    assert 0 < short < 10_000 and 0 < long < 10_000
+    assert 0.4 < long / short < 2.5, (short, long)
+    with pytest.raises(ValueError):
+        cpu.interpreter_ns_per_iteration(0)
+
+
 # --- the raw client (pure: a stream reader fed by hand) ---
 
 
@@ -353,6 +363,7 @@ def test_overhead_command_measures_a_real_stack(tiny_model: Path, tmp_path: Path
 
     report = orjson.loads((out / "overhead.json").read_bytes())
     assert report["output_tokens"] == 8 and report["model"] == "tiny"
+    assert report["machine"]["python_loop_ns"] > 0  # the yardstick runs on the machine measured
     levels = report["levels"]
     assert [(level["client"], level["streams"]) for level in levels] == [
         ("httpx", 1),
