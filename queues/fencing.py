@@ -1,11 +1,12 @@
 """Fenced writes: Lua scripts that write a request's output, acknowledge, requeue or dead-letter its
 entry only while the writer holds the request's newest fencing token (``Keys.fence``).
 
-Each delivery of an intake entry (a read by XREADGROUP, a take-over by XCLAIM) increments the
-request's token. A former owner that is slow but alive (a long pause, a partition) keeps its older
-token: everything it writes afterwards is refused inside Redis, in the same step as the check, so it
-can neither add to the client's stream nor acknowledge the entry its successor is running. Token 0
-means unfenced (a writer outside any delivery, such as a test standing in for a dead worker).
+Each delivery of an intake entry (a read by XREADGROUP, a take-over by XCLAIM) gives the request a
+new, higher token: the first delivery of an entry the API appended takes the token drawn with it
+(INTAKE), any other draws the next one (FENCE). A former owner that is slow but alive (a long pause, a
+partition) keeps its older token: everything it writes afterwards is refused inside Redis, in the same
+step as the check, so it can neither add to the client's stream nor acknowledge the entry its successor
+is running. Token 0 means unfenced (a writer outside any delivery, such as a test standing in for a dead worker).
 """
 
 from __future__ import annotations
@@ -60,6 +61,19 @@ for _, channel in ipairs(order) do
 end
 return fenced
 """
+
+# Appends a request's intake entry with the token of its first delivery. KEYS: fence, stream. ARGV: the
+# token's ttl in seconds, the entry's field and value pairs. The token is drawn here, above every earlier
+# owner's, and stored with the entry (``INTAKE_FENCE_FIELD``): the worker that reads the entry fresh holds
+# it at once, without a round trip of its own before the request's first token; any later delivery (a
+# take-over) draws the next one with FENCE. Returns the entry id.
+INTAKE = """
+local token = redis.call('INCRBY', KEYS[1], 1)
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return redis.call('XADD', KEYS[2], '*', 'f', token, unpack(ARGV, 2))
+"""
+# The intake entry's field that holds its first delivery's token (INTAKE's 'f').
+INTAKE_FENCE_FIELD = b"f"
 
 # Gives each delivered entry its request's next token and tells whether a cancel tombstone names the
 # request. KEYS: fence_1, cancelled_1, fence_2, ... ARGV: the tokens' ttl in seconds. Returns token_1,

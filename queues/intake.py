@@ -8,11 +8,11 @@ holder of an older one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from queues import fencing, scripts
 from queues.keys import FENCE_TTL_S, WORKER_GROUP, Keys
@@ -90,6 +90,9 @@ async def append(
     """Send the commands ``before`` (packed, ``scripts.pack_command``) and the XADD of ``message`` in one
     write on one connection, and return the entry id. Packed here rather than through redis-py's
     pipeline object, which cost the API more CPU than the rest of accepting a request (BENCHMARKS.md).
+    The XADD runs in ``fencing.INTAKE``, which draws the fencing token of the entry's first delivery
+    with it (``read``: the worker that reads it fresh needs no round trip of its own before it starts).
+    The commands ``before`` must be safe to repeat: after a NOSCRIPT reply all are sent again.
 
     With ``replicas`` the same write ends in ``WAIT replicas wait_ms``, which Redis answers once that
     many replicas have every write of this connection so far: the request then survives a failover to
@@ -98,10 +101,17 @@ async def append(
     caller answers that the request was not accepted. ``recorded``: the request has a record
     (``queues.requests``), withdrawn with it."""
     stream = keys.intake(message.tier, message.bucket)
-    commands = [*before, scripts.pack_command((b"XADD", stream, b"*", *entry_args(message)))]
+    fence_key = keys.fence(message.id)
+    add = scripts.pack_call(redis, fencing.INTAKE, [fence_key, stream], [FENCE_TTL_S, *entry_args(message)])
+    commands = [*before, add]
     if replicas:
         commands.append(scripts.pack_command((b"WAIT", replicas, wait_ms)))
-    replies = await scripts.execute_packed_all(redis, b"".join(commands), num_replies=len(commands))
+    packed = b"".join(commands)
+    try:
+        replies = await scripts.execute_packed_all(redis, packed, num_replies=len(commands))
+    except NoScriptError:
+        await scripts.load(redis, fencing.INTAKE)  # a new primary, or a flushed script cache
+        replies = await scripts.execute_packed_all(redis, packed, num_replies=len(commands))
     raw = replies[len(before)]
     entry_id = raw.decode() if isinstance(raw, bytes) else str(raw)
     if replicas and int(replies[-1]) < replicas:
@@ -135,8 +145,15 @@ async def read(
     *,
     count: int,
     block_ms: int | None,
+    trusted_from_ms: Callable[[], int | None] | None = None,
 ) -> list[IntakeEntry]:
-    """Read up to ``count`` new entries per stream for ``consumer``; recreates a lost group once."""
+    """Read up to ``count`` new entries per stream for ``consumer``; recreates a lost group once.
+
+    Each entry gets its delivery's fencing token. An entry that carries the token drawn when it was
+    appended (``append``) and whose id is at least ``trusted_from_ms()`` (Redis's clock, asked once the
+    read returns) keeps that token: no round trip, and no cancel tombstone read either, so the caller
+    says from when every cancel published is known to it (``IntakeEntry.cancelled`` stays False for
+    those). Every other entry is fenced here (``fence``: the next token, and the tombstone)."""
     request: dict[bytes | str | memoryview, int | bytes | str | memoryview] = {stream: ">" for stream in streams}
     try:
         reply = await redis.xreadgroup(WORKER_GROUP, consumer, request, count=count, block=block_ms)
@@ -146,17 +163,21 @@ async def read(
         await ensure_groups(redis, keys)
         reply = await redis.xreadgroup(WORKER_GROUP, consumer, request, count=count, block=block_ms)
     entries: list[IntakeEntry] = []
+    unfenced: list[IntakeEntry] = []
+    trusted_from = trusted_from_ms() if trusted_from_ms is not None and reply else None
     for stream, items in reply or []:
         stream_name = stream.decode() if isinstance(stream, bytes) else stream
-        for entry_id, fields in items:
-            entries.append(
-                IntakeEntry(
-                    stream=stream_name,
-                    entry_id=entry_id.decode(),
-                    message=RequestMessage.loads(fields[MESSAGE_FIELD]),
-                )
-            )
-    await fence(redis, keys, entries)
+        for raw_id, fields in items:
+            entry_id = raw_id.decode()
+            message = RequestMessage.loads(fields[MESSAGE_FIELD])
+            entry = IntakeEntry(stream=stream_name, entry_id=entry_id, message=message)
+            token = fields.get(fencing.INTAKE_FENCE_FIELD)
+            if token is not None and trusted_from is not None and entry_key(entry_id)[0] >= trusted_from:
+                entry.fence = int(token)
+            else:
+                unfenced.append(entry)
+            entries.append(entry)
+    await fence(redis, keys, unfenced)
     return entries
 
 

@@ -20,7 +20,8 @@ WORKER_GROUP = "workers"
 # A worker counts as alive for this many of its heartbeat intervals after a beat; then another worker
 # takes its entries over.
 WORKER_ALIVE_BEATS = 2
-# A fencing token outlives any delivery of its entry (a request runs for minutes, not days).
+# A fencing token outlives any delivery of its entry (a request runs for minutes, not days), and the
+# wait of an entry whose first token was drawn with it (a worker trusts that token for seconds only).
 FENCE_TTL_S = 86_400
 # A drain request no worker took within this long (the worker died first) is forgotten, so a worker
 # started later under the same id serves.

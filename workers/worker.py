@@ -61,6 +61,10 @@ BREAKER_REFRESH_S = 1.0
 HELPERS_STOP_S = 5.0
 # How long a cancel for a request not (yet) held here is remembered: longer than any read's round trip.
 CANCELS_HEARD_S = 30.0
+# An entry appended at most this long after the cancel listener (re)subscribed, or this close to
+# CANCELS_HEARD_S old, is fenced with a round trip that reads its cancel tombstone (``intake.read``): the
+# margin covers the order of the two connections' commands in Redis and the estimate of Redis's clock.
+HEARD_CANCELS_MARGIN_MS = 1000
 # On stop, how long requests handed back at the end of the drain may take to write their continuation.
 HAND_BACK_S = 5.0
 # On stop, how long the output writer may try to write what it holds (Redis may be down).
@@ -169,6 +173,10 @@ class Worker:
         # Cancels heard for requests this worker held no entry of, by time.monotonic(): one read from
         # Redis but not yet accepted here when its cancel came (``_accept`` looks here).
         self._cancels_heard: dict[str, float] = {}
+        # From this time on Redis's clock (ms) every cancel published was heard here and is remembered
+        # (None: not listening); Redis's clock minus the monotonic one, read when the listener subscribed.
+        self._cancels_heard_from_ms: int | None = None
+        self._redis_clock_offset_ms = 0.0
         self._preempting: set[str] = set()
         # (request id, fencing token) of deliveries a newer delivery has taken from this worker.
         self._fenced: set[tuple[str, int]] = set()
@@ -454,7 +462,15 @@ class Worker:
             by_room.setdefault(rooms[stream], []).append(stream)
         taken: list[IntakeEntry] = []
         for room, together in by_room.items():
-            taken += await intake.read(self._redis, self._keys, self.worker_id, together, count=room, block_ms=None)
+            taken += await intake.read(
+                self._redis,
+                self._keys,
+                self.worker_id,
+                together,
+                count=room,
+                block_ms=None,
+                trusted_from_ms=self._fresh_tokens_from_ms,
+            )
         return taken
 
     async def _take_blocking(
@@ -464,9 +480,28 @@ class Worker:
         whether every stream gave fewer than that (it was empty when read)."""
         block_ms = min(BLOCK_WHILE_FULL_MS, self._settings.read_block_ms) if short else self._settings.read_block_ms
         count = min(rooms[stream] for stream in streams)
-        taken = await intake.read(self._blocking, self._keys, self.worker_id, streams, count=count, block_ms=block_ms)
+        taken = await intake.read(
+            self._blocking,
+            self._keys,
+            self.worker_id,
+            streams,
+            count=count,
+            block_ms=block_ms,
+            trusted_from_ms=self._fresh_tokens_from_ms,
+        )
         per_stream = Counter(entry.stream for entry in taken)
         return taken, all(n < count for n in per_stream.values())
+
+    def _fresh_tokens_from_ms(self) -> int | None:
+        """Entries appended from this time on (Redis's clock) are run under the token drawn with them,
+        without a round trip to fence them or to read their cancel tombstone: any cancel of theirs was
+        published after they were, while this worker listened, and is still remembered here
+        (``_accept`` finds it; a later one reaches ``cancel``). None: every entry is fenced."""
+        heard_from = self._cancels_heard_from_ms
+        if heard_from is None:
+            return None
+        now_ms = time.monotonic() * 1000 + self._redis_clock_offset_ms
+        return int(max(heard_from, now_ms - CANCELS_HEARD_S * 1000 + HEARD_CANCELS_MARGIN_MS))
 
     def _accept(self, entry: IntakeEntry) -> None:
         if self._cancels_heard.pop(entry.message.id, None) is not None:
@@ -1048,11 +1083,13 @@ class Worker:
             try:
                 async with self._blocking.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(self._keys.cancel_channel)
+                    await self._heard_cancels_from_now()
                     while not self._gone.is_set():
                         message = await pubsub.get_message(timeout=1.0)
                         if message is not None:
                             await self.cancel(message["data"].decode())
             except RedisError as exc:
+                self._cancels_heard_from_ms = None
                 log_event(log, "cancel_listener_reconnect", logging.WARNING, error=str(exc))
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(0.5):
@@ -1091,12 +1128,25 @@ class Worker:
         await self._finish(entry, "cancelled", now_ms())
         return True
 
+    async def _heard_cancels_from_now(self) -> None:
+        """The cancel listener has subscribed: cancels published from now on (Redis's clock, with a margin)
+        are heard here."""
+        seconds, micros = await self._redis.time()
+        redis_ms = seconds * 1000 + micros / 1000
+        self._redis_clock_offset_ms = redis_ms - time.monotonic() * 1000
+        self._cancels_heard_from_ms = int(redis_ms) + HEARD_CANCELS_MARGIN_MS
+
     def _remember_cancel(self, request_id: str) -> None:
         """A cancel for a request not held here: kept ``CANCELS_HEARD_S`` in case its entry is on its
-        way (read, the reply not handled yet); the tombstone covers any later read."""
+        way (read, the reply not handled yet, or still queued when it runs under the token drawn with
+        it); the tombstone covers any later read. Forgetting one before its time (more than
+        ``SERVED_IDS_KEPT`` heard) sends every entry appended until now through the tombstone's read."""
         now = time.monotonic()
         heard = self._cancels_heard
         while heard and (len(heard) >= SERVED_IDS_KEPT or now - next(iter(heard.values())) > CANCELS_HEARD_S):
+            if len(heard) >= SERVED_IDS_KEPT and self._cancels_heard_from_ms is not None:
+                redis_now_ms = now * 1000 + self._redis_clock_offset_ms
+                self._cancels_heard_from_ms = int(redis_now_ms) + HEARD_CANCELS_MARGIN_MS
             del heard[next(iter(heard))]
         heard[request_id] = now
 

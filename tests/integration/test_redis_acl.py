@@ -215,7 +215,7 @@ async def test_each_role_is_refused_what_it_does_not_use(acl_redis: AclRedis, ad
         ("api", "CONFIG GET maxmemory"),
         ("api", "KEYS *"),
         ("api", "GET other:key"),
-        ("api", f"GET {KEYS.fence('r1')}"),
+        ("api", f"XACK {KEYS.intake('normal', 'short')} {WORKER_GROUP} 0-1"),
         ("worker", f"GET {KEYS.request('r1')}"),
         ("worker", "GET arq:job:j1"),
         ("worker", "ACL LIST"),
@@ -322,11 +322,14 @@ async def test_the_worker_user_consumes_writes_takes_over_and_trips_breakers(
         stream = KEYS.intake("normal", "short")
         await intake.ensure_groups(worker, KEYS)
         await intake.ensure_groups(worker, KEYS)  # BUSYGROUP: already there
-        # Reads (blocking and not), each delivery fenced; claims kept; fenced output; ack.
-        first = await intake.read(worker_blocking, KEYS, "w1", [stream], count=1, block_ms=100)
+        # Reads (blocking and not), each delivery fenced (the first under the token drawn at intake, the
+        # others fenced again by the worker); claims kept; fenced output; ack.
+        first = await intake.read(
+            worker_blocking, KEYS, "w1", [stream], count=1, block_ms=100, trusted_from_ms=lambda: 0
+        )
         taken = first + await intake.read(worker, KEYS, "w1", [stream], count=4, block_ms=None)
         assert [entry.message.id for entry in taken] == ["r1", "r2", "r3", "r4", "r5"]
-        assert all(entry.fence == 1 for entry in taken)
+        assert [entry.fence for entry in taken] == [1, 2, 2, 2, 2]
         assert await intake.keep_claimed(worker, KEYS, "w1", taken) == []
         writer = OutputWriter(worker, KEYS, ttl_s=60)
         writer.start()
@@ -342,7 +345,7 @@ async def test_the_worker_user_consumes_writes_takes_over_and_trips_breakers(
         assert await intake.has_pending(worker, stream, "w1")
         moved = await intake.take_over(worker, KEYS, "w2", "w1", stream, min_idle_ms=0, count=1)
         await intake.fence(worker, KEYS, moved)
-        assert [entry.message.id for entry in moved] == ["r4"] and moved[0].fence == 2
+        assert [entry.message.id for entry in moved] == ["r4"] and moved[0].fence == 3
         reclaimed = await intake.reclaim(worker, KEYS, "w3", stream, min_idle_ms=0, count=10)
         assert {entry.message.id for entry in reclaimed} >= {"r5"}
         assert stream in await intake.backlog(worker, [stream])

@@ -324,17 +324,52 @@ async def test_a_delivery_says_whether_a_cancel_tombstone_names_its_request(redi
     await redis.delete(*keys.intake_all(), keys.cancelled("left"), keys.fence("left"), keys.fence("stays"))
 
 
+async def test_a_fresh_entry_keeps_the_token_drawn_at_intake_only_from_the_time_its_reader_trusts(
+    redis: aioredis.Redis,
+) -> None:
+    """An entry appended from the reader's trusted time on runs under the token drawn with it: no second
+    token, and no tombstone read (the reader hears its cancels). One appended before is fenced as
+    always: the next token, and its tombstone read."""
+    keys = Keys(unique_prefix())
+    await intake.ensure_groups(redis, keys)
+    stream = keys.intake("realtime", "short")
+    for request_id in ("before", "after"):
+        await redis.set(keys.cancelled(request_id), b"1", ex=60)
+        await intake.enqueue(redis, keys, make_message(request_id))
+        await asyncio.sleep(0.005)
+    after_ms = intake.entry_key((await redis.xrevrange(stream, count=1))[0][0])[0]
+    asked: list[int] = []
+
+    def trusted_from_ms() -> int:
+        asked.append(after_ms)
+        return after_ms
+
+    entries = await intake.read(redis, keys, "w1", [stream], count=10, block_ms=None, trusted_from_ms=trusted_from_ms)
+    assert asked == [after_ms], "asked once, after the read"
+    assert [(entry.message.id, entry.fence, entry.cancelled) for entry in entries] == [
+        ("before", 2, True),
+        ("after", 1, False),
+    ]
+    assert [await redis.get(keys.fence(request_id)) for request_id in ("before", "after")] == [b"2", b"1"]
+    await redis.delete(*keys.intake_all(), *(keys.cancelled(rid) for rid in ("before", "after")))
+    await redis.delete(keys.fence("before"), keys.fence("after"))
+
+
+@pytest.mark.parametrize("first_token", ["drawn at intake", "drawn by the reader"])
 async def test_a_former_owner_is_fenced_off_once_its_entry_is_taken_over(
-    redis: aioredis.Redis, router: ReplyRouter
+    redis: aioredis.Redis, router: ReplyRouter, first_token: str
 ) -> None:
     """Worker A reads a request and writes a chunk; worker B takes the entry over (A looked dead but
     is only slow). From then on nothing A writes reaches the output stream or the client, and A can
-    neither requeue nor acknowledge the entry; B writes, and B acknowledges."""
+    neither requeue nor acknowledge the entry; B writes, and B acknowledges. The same whether A runs
+    under the token drawn when the entry was appended or one it drew when it read the entry."""
     keys = router._keys
     await intake.ensure_groups(redis, keys)
     await intake.enqueue(redis, keys, make_message("fenced"))
     stream = keys.intake("realtime", "short")
-    (old,) = await intake.read(redis, keys, "slow-a", [stream], count=1, block_ms=None)
+    trusted = (lambda: 0) if first_token == "drawn at intake" else None
+    (old,) = await intake.read(redis, keys, "slow-a", [stream], count=1, block_ms=None, trusted_from_ms=trusted)
+    assert old.fence == (1 if trusted else 2)
     fenced: list[tuple[str, int]] = []
     slow_a = OutputWriter(redis, keys, ttl_s=60, on_fenced=lambda rid, fence: fenced.append((rid, fence)))
     b = OutputWriter(redis, keys, ttl_s=60)
