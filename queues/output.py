@@ -20,6 +20,7 @@ request (``on_fenced``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -101,6 +102,14 @@ class OutputWriter:
         target = self._num_emitted
         async with self._written:
             await self._written.wait_for(lambda: self._num_written >= target)
+
+    async def next_write(self, *, timeout_s: float) -> None:
+        """Wait until the writer has put at least one more event in Redis than when called, at most
+        ``timeout_s``."""
+        target = self._num_written + 1
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s), self._written:
+                await self._written.wait_for(lambda: self._num_written >= target)
 
     async def _run(self) -> None:
         while not (self._closing and not self._pending):

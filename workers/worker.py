@@ -59,6 +59,12 @@ IDLE_TICK_S = 1.0
 # How often a worker reads the shared circuit breakers.
 BREAKER_REFRESH_S = 1.0
 HELPERS_STOP_S = 5.0
+# After a blocking read that left every stream it read empty (light load), the next read waits until the
+# output writer has written once more (the first output of what was just read, where the engine is quick),
+# at most this long: preparing and sending that read then stays off the first token's path on a worker
+# whose own CPU is the bottleneck, and an entry that arrives meanwhile waits no longer than this
+# (BENCHMARKS.md, issue 13).
+READ_AFTER_WRITE_MAX_S = 0.002
 # How long a cancel for a request not (yet) held here is remembered: longer than any read's round trip.
 CANCELS_HEARD_S = 30.0
 # An entry appended at most this long after the cancel listener (re)subscribed, or this close to
@@ -450,6 +456,8 @@ class Worker:
                 continue
             for entry in taken:
                 self._accept(entry)
+            if taken and drained:
+                await self._writer.next_write(timeout_s=READ_AFTER_WRITE_MAX_S)
 
     def _has_spare_capacity(self) -> bool:
         return self.scheduler.num_waiting == 0 and len(self._tasks) < self.running_capacity

@@ -10,6 +10,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -18,9 +19,10 @@ from queues import intake
 from queues.connection import connect
 from queues.keys import WORKER_GROUP, Keys
 from queues.messages import RequestMessage, SamplingSpec
-from queues.output import read_output
+from queues.output import OutputWriter, read_output
 from tests.conftest import TEST_MAX_MODEL_LEN
 from tests.stack import running_workers, unique_prefix
+from workers import worker as worker_module
 from workers.engines.base import Engine
 from workers.engines.factory import start_engine
 from workers.engines.filler import filler_token
@@ -135,6 +137,42 @@ async def test_a_cancel_tombstone_found_with_the_delivery_cancels_the_request(re
         events = await read_output(redis, keys, "gone", from_seq=1)
         assert [(event.seq, event.type, event.error_code) for event in events] == [(1, "error", "cancelled")]
         assert worker.num_engine_calls == 0
+
+
+async def test_after_a_read_that_empties_the_streams_the_next_waits_for_the_first_write(
+    redis_url: str, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At light load the read that follows one that took everything waiting is sent once what was taken
+    has written its first output (bounded by ``READ_AFTER_WRITE_MAX_S``, raised here so that the engine's
+    slow first step cannot end the wait): preparing and sending it stays off the first token's path."""
+    monkeypatch.setattr(worker_module, "READ_AFTER_WRITE_MAX_S", 30.0)
+    order: list[str] = []
+    read = intake.read
+
+    async def recorded_read(*args: Any, **kwargs: Any) -> list[intake.IntakeEntry]:
+        order.append("read")
+        taken = await read(*args, **kwargs)
+        if taken:
+            order.append("took")
+        return taken
+
+    write_once = OutputWriter._write_once
+
+    async def recorded_write(self: OutputWriter, batch: Any) -> list[tuple[str, int]]:
+        fenced = await write_once(self, batch)
+        order.append("wrote")
+        return fenced
+
+    monkeypatch.setattr(intake, "read", recorded_read)
+    monkeypatch.setattr(OutputWriter, "_write_once", recorded_write)
+    null = EngineSettings(kind="null", null_step_ms=200)
+    async with null_engine_setup(redis_url, tiny_model, null) as (engine, keys, redis):
+        async with running_workers([settings(redis_url, keys, tiny_model)], engine, redis_url) as (worker,):
+            await until(lambda: "read" in order, timeout_s=20, what="the worker's first read")
+            await intake.enqueue(redis, keys, message("light", max_tokens=2))
+            await until(lambda: worker.outcomes["final"] == 1, timeout_s=20, what="the request served")
+    after = order[order.index("took") + 1 :]
+    assert after.index("wrote") < after.index("read"), order
 
 
 async def test_an_idle_worker_probes_and_schedules_about_once_a_second_and_still_serves(
