@@ -426,6 +426,12 @@ class Worker:
         # the first of them before the request could start).
         drained = False
         while not self._stopping.is_set():
+            if self._wake.is_set():
+                # A scheduling round is due (entries just taken, requests finished): it runs first, so
+                # the rooms below count what it admits. Read before it, a tier whose local queue holds
+                # what was just taken looks full, and the read blocks on the other tiers' streams for
+                # BLOCK_WHILE_FULL_MS while the engine runs out of work.
+                await asyncio.sleep(0)
             rooms = self._room_per_stream()
             open_streams = [stream for stream, room in rooms.items() if room > 0]
             if not open_streams:

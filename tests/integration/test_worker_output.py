@@ -175,6 +175,33 @@ async def test_after_a_read_that_empties_the_streams_the_next_waits_for_the_firs
     assert after.index("wrote") < after.index("read"), order
 
 
+async def test_a_full_read_of_a_tier_is_admitted_before_the_next_read_counts_its_room(
+    redis_url: str, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that fills a tier's local queue (``prefetch`` entries) is followed by a scheduling round
+    before the next read: with the engine free, the round admits them, and the reader goes on taking that
+    tier's entries. Counted before the round, the tier would look full, and the reader would block on the
+    other tiers' empty streams for ``BLOCK_WHILE_FULL_MS`` after every ``prefetch`` entries."""
+    prefetch = 4
+    short_reads: list[int | None] = []
+    read = intake.read
+
+    async def recorded_read(*args: Any, **kwargs: Any) -> list[intake.IntakeEntry]:
+        if kwargs.get("block_ms") == worker_module.BLOCK_WHILE_FULL_MS:
+            short_reads.append(kwargs.get("block_ms"))
+        return await read(*args, **kwargs)
+
+    monkeypatch.setattr(intake, "read", recorded_read)
+    null = EngineSettings(kind="null", null_step_ms=1)
+    async with null_engine_setup(redis_url, tiny_model, null) as (engine, keys, redis):
+        for index in range(8 * prefetch):
+            await intake.enqueue(redis, keys, message(f"r{index}", max_tokens=50))
+        worker_settings = settings(redis_url, keys, tiny_model, scheduler={"prefetch": prefetch})
+        async with running_workers([worker_settings], engine, redis_url) as (worker,):
+            await until(lambda: worker.outcomes["final"] == 8 * prefetch, timeout_s=30, what="every request served")
+    assert short_reads == [], f"{len(short_reads)} reads blocked on the other tiers while the engine had room"
+
+
 async def test_an_idle_worker_probes_and_schedules_about_once_a_second_and_still_serves(
     redis_url: str, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
