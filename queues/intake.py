@@ -110,7 +110,7 @@ async def append(
     try:
         replies = await scripts.execute_packed_all(redis, packed, num_replies=len(commands))
     except NoScriptError:
-        await scripts.load(redis, fencing.INTAKE)  # a new primary, or a flushed script cache
+        await redis.script_load(fencing.INTAKE)  # a new primary, or a flushed script cache
         replies = await scripts.execute_packed_all(redis, packed, num_replies=len(commands))
     raw = replies[len(before)]
     entry_id = raw.decode() if isinstance(raw, bytes) else str(raw)

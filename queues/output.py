@@ -99,17 +99,18 @@ class OutputWriter:
 
     async def flush(self) -> None:
         """Wait until every event emitted so far is in Redis (before an XACK, say)."""
-        target = self._num_emitted
-        async with self._written:
-            await self._written.wait_for(lambda: self._num_written >= target)
+        await self._written_at_least(self._num_emitted)
 
     async def next_write(self, *, timeout_s: float) -> None:
         """Wait until the writer has put at least one more event in Redis than when called, at most
         ``timeout_s``."""
-        target = self._num_written + 1
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s), self._written:
-                await self._written.wait_for(lambda: self._num_written >= target)
+            async with asyncio.timeout(timeout_s):
+                await self._written_at_least(self._num_written + 1)
+
+    async def _written_at_least(self, target: int) -> None:
+        async with self._written:
+            await self._written.wait_for(lambda: self._num_written >= target)
 
     async def _run(self) -> None:
         while not (self._closing and not self._pending):

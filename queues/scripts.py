@@ -38,19 +38,14 @@ async def run_packed(redis: aioredis.Redis, source: str, keys: Sequence[Arg], ar
     try:
         return await execute_packed(redis, packed)
     except NoScriptError:
-        await load(redis, source)  # a new primary, or a flushed script cache
+        await redis.script_load(source)  # a new primary, or a flushed script cache
         return await execute_packed(redis, packed)
 
 
 def pack_call(redis: aioredis.Redis, source: str, keys: Sequence[Arg], args: Sequence[Arg]) -> bytes:
     """The EVALSHA of ``source`` packed, to be sent with other commands (``execute_packed_all``); a
-    ``NoScriptError`` from it is the caller's to answer (``load``, then send again)."""
+    ``NoScriptError`` from it is the caller's to answer (load the script, then send again)."""
     return pack_command((b"EVALSHA", _script(redis, source).sha, len(keys), *keys, *args))
-
-
-async def load(redis: aioredis.Redis, source: str) -> None:
-    """Load ``source`` into the script cache (a new primary, or a flushed cache, answered NOSCRIPT)."""
-    await redis.script_load(source)
 
 
 def pack_command(args: Sequence[Arg]) -> bytes:

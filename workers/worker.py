@@ -478,15 +478,7 @@ class Worker:
             by_room.setdefault(rooms[stream], []).append(stream)
         taken: list[IntakeEntry] = []
         for room, together in by_room.items():
-            taken += await intake.read(
-                self._redis,
-                self._keys,
-                self.worker_id,
-                together,
-                count=room,
-                block_ms=None,
-                trusted_from_ms=self._fresh_tokens_from_ms,
-            )
+            taken += await self._read(self._redis, together, count=room, block_ms=None)
         return taken
 
     async def _take_blocking(
@@ -496,8 +488,15 @@ class Worker:
         whether every stream gave fewer than that (it was empty when read)."""
         block_ms = min(BLOCK_WHILE_FULL_MS, self._settings.read_block_ms) if short else self._settings.read_block_ms
         count = min(rooms[stream] for stream in streams)
-        taken = await intake.read(
-            self._blocking,
+        taken = await self._read(self._blocking, streams, count=count, block_ms=block_ms)
+        per_stream = Counter(entry.stream for entry in taken)
+        return taken, all(n < count for n in per_stream.values())
+
+    async def _read(
+        self, client: aioredis.Redis, streams: list[str], *, count: int, block_ms: int | None
+    ) -> list[IntakeEntry]:
+        return await intake.read(
+            client,
             self._keys,
             self.worker_id,
             streams,
@@ -505,8 +504,10 @@ class Worker:
             block_ms=block_ms,
             trusted_from_ms=self._fresh_tokens_from_ms,
         )
-        per_stream = Counter(entry.stream for entry in taken)
-        return taken, all(n < count for n in per_stream.values())
+
+    def _redis_now_ms(self) -> float:
+        """Redis's clock now, estimated from the monotonic one (``_heard_cancels_from_now``)."""
+        return time.monotonic() * 1000 + self._redis_clock_offset_ms
 
     def _fresh_tokens_from_ms(self) -> int | None:
         """Entries appended from this time on (Redis's clock) are run under the token drawn with them,
@@ -516,8 +517,7 @@ class Worker:
         heard_from = self._cancels_heard_from_ms
         if heard_from is None:
             return None
-        now_ms = time.monotonic() * 1000 + self._redis_clock_offset_ms
-        return int(max(heard_from, now_ms - CANCELS_HEARD_S * 1000 + HEARD_CANCELS_MARGIN_MS))
+        return int(max(heard_from, self._redis_now_ms() - CANCELS_HEARD_S * 1000 + HEARD_CANCELS_MARGIN_MS))
 
     def _accept(self, entry: IntakeEntry) -> None:
         if self._cancels_heard.pop(entry.message.id, None) is not None:
@@ -1161,8 +1161,7 @@ class Worker:
         heard = self._cancels_heard
         while heard and (len(heard) >= SERVED_IDS_KEPT or now - next(iter(heard.values())) > CANCELS_HEARD_S):
             if len(heard) >= SERVED_IDS_KEPT and self._cancels_heard_from_ms is not None:
-                redis_now_ms = now * 1000 + self._redis_clock_offset_ms
-                self._cancels_heard_from_ms = int(redis_now_ms) + HEARD_CANCELS_MARGIN_MS
+                self._cancels_heard_from_ms = int(self._redis_now_ms()) + HEARD_CANCELS_MARGIN_MS
             del heard[next(iter(heard))]
         heard[request_id] = now
 
