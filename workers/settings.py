@@ -297,7 +297,13 @@ class DegradeSettings(BaseModel):
         _DEGRADE.background_heartbeat_ms, ge=0, description="The same for background (0: never)."
     )
     summary_max_tokens: int = Field(_DEGRADE.summary_max_tokens, ge=1, le=4096, description="Longest summary.")
-    watch_interval_ms: int = Field(_DEGRADE.watch_interval_ms, ge=5, le=10_000, description="Watchdog period.")
+    watch_interval_ms: int = Field(
+        _DEGRADE.watch_interval_ms,
+        ge=5,
+        le=10_000,
+        description="Watchdog period: it looks at the first engine output this long after its last look, or at "
+        "twice this long when no output comes.",
+    )
     quote_chars: int = Field(
         _DEGRADE.quote_chars, ge=64, description="Most characters of prompt and answer the summary prompt quotes."
     )

@@ -41,11 +41,14 @@ from workers.reservation import ReservationRecord
 from workers.retention import TOUCH_PRIORITY, PrefixKeeper, Touch
 from workers.scheduling import EngineView, SchedRequest
 from workers.settings import WorkerSettings
+from workers.ticks import Ticks
 
 log = logging.getLogger("tailcut.worker")
 
 SERVED_IDS_KEPT = 10_000
-# The scheduling loop runs at least this often (deadlines, backlog changes) besides on every event.
+# The scheduling loop runs at least this often (deadlines, backlog changes) besides on every event: at the
+# first engine output this long after its last round, or at twice this long when no output comes
+# (``workers.ticks``: while the engine streams, the periodic work adds no wake-up of its own).
 SCHEDULE_TICK_S = 0.05
 # While some tier's local queue is full, a blocking read on the others lasts at most this long, so the
 # room an admission frees is used within it rather than after a whole read_block_ms.
@@ -191,6 +194,8 @@ class Worker:
         # outage during which every heartbeat, ours included, went stale).
         self._judge_deaths_after = 0.0
         self._wake = asyncio.Event()
+        # The helper loops' periods, kept in the wake-ups the engine's output brings (``_run_call``).
+        self._ticks = Ticks()
         self._room = asyncio.Event()
         self._work = asyncio.Event()  # an entry arrived or the worker stops: the idle pauses end
         self._stopping = asyncio.Event()
@@ -331,6 +336,7 @@ class Worker:
         self._wake.set()
         self._room.set()
         self._work.set()
+        self._ticks.release()
 
     async def run(self) -> None:
         """Serve until ``stop()``; raises the fatal error that stopped it, if any."""
@@ -546,9 +552,16 @@ class Worker:
 
     async def _schedule_loop(self) -> None:
         while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(IDLE_TICK_S if self._idle() else SCHEDULE_TICK_S):
+            if self._idle():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(IDLE_TICK_S):
+                        await self._wake.wait()
+            else:
+                tick = self._ticks.call_after(SCHEDULE_TICK_S, self._wake.set)
+                try:
                     await self._wake.wait()
+                finally:
+                    tick.cancel()
             self._wake.clear()
             if self._stopping.is_set():
                 return
@@ -770,6 +783,7 @@ class Worker:
                 current = time.monotonic()
                 self._step.observe((current - last_delta) * 1000)
                 last_delta = current
+                self._ticks.beat(current)  # awake for the engine's step: the helper loops that are due run now
 
         output = CallOutput(take)
         await self._engine.submit(
@@ -1033,12 +1047,18 @@ class Worker:
             async with asyncio.timeout(seconds):
                 await self._stopping.wait()
 
+    async def _ride(self, seconds: float) -> None:
+        """Sleep ``seconds``, and on until the engine's next output (the worker is awake for it then), at
+        most ``seconds`` more; at once when the worker stops (``Ticks``)."""
+        if not self._stopping.is_set():
+            await self._ticks.wait(seconds)
+
     async def _pause_unless_work(self, seconds: float) -> None:
-        """``_pause(seconds)``, and then, while the worker is idle, on up to ``IDLE_TICK_S`` in all unless
+        """``_ride(seconds)``, and then, while the worker is idle, on up to ``IDLE_TICK_S`` in all unless
         an entry arrives (or the worker stops): never more often than before, far less when idle. An
-        entry that ends the wait is followed by one more ``_pause(seconds)``, so that what runs next (a
+        entry that ends the wait is followed by one more ``_ride(seconds)``, so that what runs next (a
         probe's round trip) does not run beside the entry's start, on its first token's path."""
-        await self._pause(seconds)
+        await self._ride(seconds)
         if not self._idle():
             return
         self._work.clear()  # in the same step as the check: an entry accepted after it sets it again
@@ -1047,7 +1067,7 @@ class Worker:
                 await self._work.wait()
         except TimeoutError:
             return
-        await self._pause(seconds)
+        await self._ride(seconds)
 
     async def _heartbeat(self) -> None:
         """Beat until the drain is over (not merely until stop: what still runs here is ours)."""

@@ -1,7 +1,8 @@
 """The worker's output path against a real Redis, with the zero-cost ``null`` engine: a busy worker
 coalesces tokens into fewer events with every position exact, a finished request's entry goes with
 its final event, a cancel heard just before its entry arrives, or left as a tombstone before the
-read, still cancels it, and an idle worker keeps its periodic work to about once a second."""
+read, still cancels it, an idle worker keeps its periodic work to about once a second, and a busy one
+does it in the wake-ups the engine's output brings."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from workers.engines.base import Engine
 from workers.engines.factory import start_engine
 from workers.engines.filler import filler_token
 from workers.settings import EngineSettings, WorkerSettings
+from workers.ticks import Tick, Ticks
 
 
 def message(request_id: str, *, max_tokens: int) -> RequestMessage:
@@ -236,6 +238,49 @@ async def test_an_idle_worker_probes_and_schedules_about_once_a_second_and_still
                 await intake.enqueue(redis, keys, message(f"after-{len(probes)}", max_tokens=20))
                 await until(lambda: len(worker.served_ids) == 1, timeout_s=20, what="the entry served")
                 worker.served_ids.clear()
+
+
+async def test_while_the_engine_streams_the_periodic_work_runs_in_its_wake_ups(
+    redis_url: str, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduling tick and the backlog probe, due every 0.05 and 0.1 s while the worker is busy, run
+    as the worker takes the engine's output (``Ticks.beat``) rather than on timers of their own, which
+    would wake it between the engine's steps."""
+    fired: list[tuple[float, str, str]] = []  # when, what ("round": the scheduling tick; "sleep"), how
+    beating = False
+    fire = Tick.fire
+
+    def recorded_fire(self: Tick) -> None:
+        if self.pending:
+            what = "round" if getattr(self._callback, "__qualname__", "") == "Event.set" else "sleep"
+            fired.append((time.monotonic(), what, "beat" if beating else "timer"))
+        fire(self)
+
+    monkeypatch.setattr(Tick, "fire", recorded_fire)
+    null = EngineSettings(kind="null", null_step_ms=30)
+    async with null_engine_setup(redis_url, tiny_model, null) as (engine, keys, redis):
+        async with running_workers([settings(redis_url, keys, tiny_model)], engine, redis_url) as (worker,):
+            beats: list[float] = []
+            beat = Ticks.beat
+
+            def recorded_beat(self: Ticks, now: float | None = None) -> None:
+                nonlocal beating
+                beats.append(time.monotonic())
+                beating = True
+                try:
+                    beat(self, now)
+                finally:
+                    beating = False
+
+            monkeypatch.setattr(Ticks, "beat", recorded_beat)
+            await intake.enqueue(redis, keys, message("streaming", max_tokens=60))
+            await until(lambda: worker.outcomes["final"] == 1, timeout_s=30, what="the request served")
+    assert beats, "the worker never beat"
+    streaming = [(what, how) for at, what, how in fired if beats[0] <= at <= beats[-1]]
+    # About 1.8 s of steps: some 30 rounds and 15 probes, each due 0.05 or 0.1 s after the last.
+    for what, least in (("round", 10), ("sleep", 5)):
+        assert streaming.count((what, "beat")) >= least, fired
+        assert streaming.count((what, "timer")) <= streaming.count((what, "beat")) // 5, fired
 
 
 async def _delete(redis: aioredis.Redis, keys: Keys) -> None:
