@@ -296,27 +296,10 @@ async def requeue(redis: aioredis.Redis, keys: Keys, entry: IntakeEntry, message
 
 async def backlog(redis: aioredis.Redis, streams: list[str]) -> dict[str, int]:
     """Entries of each stream not yet delivered to any worker (the group's lag, or the stream's length
-    while it has no group)."""
-    async with redis.pipeline(transaction=False) as pipe:
-        for stream in streams:
-            pipe.xinfo_groups(stream)
-        replies = await pipe.execute(raise_on_error=False)
-    lags: dict[str, int] = {}
-    for stream, groups in zip(streams, replies, strict=True):
-        if isinstance(groups, Exception):
-            continue
-        for group in groups:
-            if group.get("name") in (WORKER_GROUP, WORKER_GROUP.encode()):
-                lags[stream] = int(group.get("lag") or 0)
-    # A stream no worker has opened yet has no group: the group will start at id 0, so every entry
-    # in it is still to be delivered.
-    missing = [stream for stream in streams if stream not in lags]
-    if missing:
-        async with redis.pipeline(transaction=False) as pipe:
-            for stream in missing:
-                pipe.xlen(stream)
-            lags.update(zip(missing, map(int, await pipe.execute()), strict=True))
-    return lags
+    while it has no group): ``lags`` without the ids, one script call for every stream (the worker
+    probes ten times a second while busy; a pipeline of one ``XINFO GROUPS`` per stream, each reply
+    parsed into dictionaries, cost it half as much again)."""
+    return {stream: lag.waiting for stream, lag in (await lags(redis, streams)).items()}
 
 
 EntryKey = tuple[int, int]
