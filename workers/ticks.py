@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import math
 import time
 from collections.abc import Callable
 
@@ -22,27 +21,25 @@ COMPACT_AT = 64
 
 
 class Tick:
-    """One pending ``Ticks.call_after``: runs its callback once (a beat or its timer, whichever is first)
-    unless cancelled before."""
+    """One pending ``Ticks.call_after``: runs its callback once (a beat or its own timer at ``late_s``,
+    whichever is first) unless cancelled before."""
 
     __slots__ = ("_callback", "_timer")
 
-    def __init__(self, callback: Callable[[], object], timer: asyncio.TimerHandle | None = None) -> None:
+    def __init__(self, callback: Callable[[], object], late_s: float) -> None:
         self._callback: Callable[[], object] | None = callback
-        self._timer = timer
+        self._timer = asyncio.get_running_loop().call_later(late_s, self.fire)
 
     def fire(self) -> None:
         callback, self._callback = self._callback, None
         if callback is None:
             return
-        if self._timer is not None:
-            self._timer.cancel()
+        self._timer.cancel()
         callback()
 
     def cancel(self) -> None:
         self._callback = None
-        if self._timer is not None:
-            self._timer.cancel()
+        self._timer.cancel()
 
     @property
     def pending(self) -> bool:
@@ -52,11 +49,10 @@ class Tick:
 class Ticks:
     """The pending ticks of one process (or one component), in order of their due time."""
 
-    __slots__ = ("_compact_at", "_heap", "_next_due", "_order")
+    __slots__ = ("_compact_at", "_heap", "_order")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Tick]] = []
-        self._next_due = math.inf
         self._order = itertools.count()  # ties in due time keep their order; ticks never compare
         # A cancelled tick stays in the heap until a beat passes its due time; without beats (nothing
         # streams) the heap is cleared of them once it holds this many.
@@ -65,19 +61,13 @@ class Ticks:
     def call_after(self, period_s: float, callback: Callable[[], object], *, slack_s: float | None = None) -> Tick:
         """``callback`` at the first beat ``period_s`` from now or later, or at ``period_s + slack_s``
         (default: ``period_s``, so at most twice the period) by its own timer."""
-        late_s = period_s + (period_s if slack_s is None else slack_s)
-        tick = Tick(callback)
-        tick._timer = asyncio.get_running_loop().call_later(late_s, tick.fire)
-        due = time.monotonic() + period_s
+        tick = Tick(callback, period_s + (period_s if slack_s is None else slack_s))
         heap = self._heap
         if len(heap) >= self._compact_at:
             heap[:] = [entry for entry in heap if entry[2].pending]
             heapq.heapify(heap)
-            self._next_due = heap[0][0] if heap else math.inf
             self._compact_at = max(COMPACT_AT, 2 * len(heap))
-        heapq.heappush(heap, (due, next(self._order), tick))
-        if due < self._next_due:
-            self._next_due = due
+        heapq.heappush(heap, (time.monotonic() + period_s, next(self._order), tick))
         return tick
 
     async def wait(self, period_s: float, *, slack_s: float | None = None) -> None:
@@ -97,18 +87,14 @@ class Ticks:
     def beat(self, now: float | None = None) -> None:
         """The process is awake for other work (``now``: ``time.monotonic()``, when the caller has it): run
         every tick that is due. One comparison when none is."""
+        heap = self._heap
         if now is None:
             now = time.monotonic()
-        if now < self._next_due:
-            return
-        heap = self._heap
         while heap and heap[0][0] <= now:
             heapq.heappop(heap)[2].fire()
-        self._next_due = heap[0][0] if heap else math.inf
 
     def release(self) -> None:
         """Run every pending tick now (the process is stopping: its loops look at their stop flag)."""
         heap, self._heap = self._heap, []
-        self._next_due = math.inf
         for _due, _order, tick in heap:
             tick.fire()
