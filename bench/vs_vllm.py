@@ -119,6 +119,16 @@ def compare(tailcut: SystemRun, vllm: SystemRun, *, concurrency: int) -> Compari
     return Comparison(difference("p50"), difference("p99"), ratio, concurrency)
 
 
+def round_spread(runs: Sequence[SystemRun], system: str, *, concurrency: int) -> float | None:
+    """``system``'s lowest round ÷ its highest in output tokens/s at ``concurrency``: how far the same server
+    moved against itself from one round to the next (1.0: not at all); a round's ratio between the two
+    systems cannot be read more finely than that. None with fewer than two rounds."""
+    rates = [level.output_tokens_per_s for run in runs if run.system == system and (level := run.level(concurrency))]
+    if len(rates) < 2 or max(rates) <= 0:
+        return None
+    return min(rates) / max(rates)
+
+
 def check_targets(comparison: Comparison) -> list[TargetCheck]:
     p50, ratio = comparison.ttft_p50_overhead_ms, comparison.throughput_ratio
     return [
@@ -204,6 +214,8 @@ class VsReport:
     targets: list[TargetCheck]
     wall_s: float
     engine_cores: int | None = None  # None: every core
+    # Each system's lowest round ÷ its highest at the throughput level (``round_spread``), with more than one round.
+    round_spread: dict[str, float | None] = field(default_factory=dict)
 
 
 def run(
@@ -270,6 +282,9 @@ def run(
         targets=check_targets(comparison) if comparison else [],
         wall_s=time.monotonic() - started,
         engine_cores=engine_cores,
+        round_spread={system: round_spread(runs, system, concurrency=plan.concurrency) for system in systems}
+        if rounds > 1
+        else {},
     )
 
 

@@ -116,6 +116,13 @@ def print_report(console: Any, report: VsReport) -> None:
         ratio_check.target if ratio_check else "",
         _met(ratio_check),
     )
+    for system, spread in report.round_spread.items():
+        table.add_row(
+            f"{system}'s own rounds at c={comparison.concurrency}: lowest ÷ highest tokens/s",
+            "-" if spread is None else f"{spread:.1%}",
+            "",
+            "",
+        )
     for index, each in enumerate(report.per_round if len(report.per_round) > 1 else []):
         ratio_text = "-" if each.throughput_ratio is None else f"{each.throughput_ratio:.1%}"
         table.add_row(
@@ -155,6 +162,7 @@ def as_dict(report: VsReport) -> dict[str, Any]:
         "pooled": [_run_dict(run) for run in report.pooled],
         "comparison": asdict(report.comparison) if report.comparison else None,
         "per_round": [asdict(comparison) for comparison in report.per_round],
+        "round_spread": report.round_spread,
         "targets": [asdict(check) for check in report.targets],
         "wall_s": report.wall_s,
     }

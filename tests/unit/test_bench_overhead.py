@@ -350,6 +350,20 @@ def test_comparison_is_tailcut_minus_vllm_and_a_throughput_ratio() -> None:
     ]
 
 
+def test_round_spread_is_each_systems_lowest_round_over_its_highest() -> None:
+    def run(system: str, round_index: int, tokens_per_s: float) -> vs_vllm.SystemRun:
+        records = [record(index, ttft_ms=50.0, output_tokens=4) for index in range(4)]
+        level = vs_vllm.Level(summarize_level(16, records, 1.0, expected_tokens=4), tokens_per_s, records)
+        return vs_vllm.SystemRun(system, 10.0, [level], round=round_index)
+
+    runs = [run("tailcut", 0, 200.0), run("vllm", 0, 250.0), run("vllm", 1, 200.0), run("tailcut", 1, 180.0)]
+
+    assert vs_vllm.round_spread(runs, "vllm", concurrency=16) == pytest.approx(0.8)
+    assert vs_vllm.round_spread(runs, "tailcut", concurrency=16) == pytest.approx(0.9)
+    assert vs_vllm.round_spread(runs[:2], "vllm", concurrency=16) is None  # one round: no spread
+    assert vs_vllm.round_spread(runs, "vllm", concurrency=64) is None  # no such level
+
+
 # --- one real run ---
 
 
