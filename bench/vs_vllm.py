@@ -214,8 +214,13 @@ class VsReport:
     targets: list[TargetCheck]
     wall_s: float
     engine_cores: int | None = None  # None: every core
-    # Each system's lowest round ÷ its highest at the throughput level (``round_spread``), with more than one round.
-    round_spread: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def round_spread(self) -> dict[str, float | None]:
+        """Each system's lowest round ÷ its highest at the throughput level (``round_spread``; None with
+        one round)."""
+        systems = dict.fromkeys(run.system for run in self.runs)
+        return {system: round_spread(self.runs, system, concurrency=self.plan.concurrency) for system in systems}
 
 
 def run(
@@ -282,9 +287,6 @@ def run(
         targets=check_targets(comparison) if comparison else [],
         wall_s=time.monotonic() - started,
         engine_cores=engine_cores,
-        round_spread={system: round_spread(runs, system, concurrency=plan.concurrency) for system in systems}
-        if rounds > 1
-        else {},
     )
 
 

@@ -117,12 +117,9 @@ def print_report(console: Any, report: VsReport) -> None:
         _met(ratio_check),
     )
     for system, spread in report.round_spread.items():
-        table.add_row(
-            f"{system}'s own rounds at c={comparison.concurrency}: lowest ÷ highest tokens/s",
-            "-" if spread is None else f"{spread:.1%}",
-            "",
-            "",
-        )
+        if spread is not None:
+            label = f"{system}'s own rounds at c={comparison.concurrency}: lowest ÷ highest tokens/s"
+            table.add_row(label, f"{spread:.1%}", "", "")
     for index, each in enumerate(report.per_round if len(report.per_round) > 1 else []):
         ratio_text = "-" if each.throughput_ratio is None else f"{each.throughput_ratio:.1%}"
         table.add_row(
