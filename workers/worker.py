@@ -199,6 +199,9 @@ class Worker:
         self._room = asyncio.Event()
         self._work = asyncio.Event()  # an entry arrived or the worker stops: the idle pauses end
         self._stopping = asyncio.Event()
+        # When the drain of running requests ends: ``drain_timeout_s`` after ``stop()``, however long the
+        # reader's last blocking read takes to return before the drain begins.
+        self._drain_ends_at = math.inf
         self._gone = asyncio.Event()  # set once the drain is over: the heartbeat stops
         self._redis_unanswered_at_stop = False  # a wait of the stop for Redis ran out: shorten the rest
         self._fatal: BaseException | None = None
@@ -332,6 +335,8 @@ class Worker:
         ones get ``drain_timeout_s`` to finish and are then handed back as continuations (resumed from
         the output already written, by whichever worker reads them). The heartbeat goes on until then,
         so nobody takes over what is still running here."""
+        if not self._stopping.is_set():
+            self._drain_ends_at = time.monotonic() + self._settings.drain_timeout_s
         self._stopping.set()
         self._wake.set()
         self._room.set()
@@ -1009,10 +1014,12 @@ class Worker:
             log_event(log, "requests_handed_back", worker=self.worker_id, waiting=handed)
 
     async def _drain(self) -> None:
-        """Let running requests finish for ``drain_timeout_s``; hand back the rest as continuations."""
+        """Let running requests finish until ``drain_timeout_s`` after ``stop()``; hand back the rest as
+        continuations."""
         if not self._tasks:
             return
-        _done, pending = await asyncio.wait(list(self._tasks.values()), timeout=self._settings.drain_timeout_s)
+        left_s = min(self._settings.drain_timeout_s, max(0.0, self._drain_ends_at - time.monotonic()))
+        _done, pending = await asyncio.wait(list(self._tasks.values()), timeout=left_s)
         if not pending:
             return
         running = list(self._tasks)
