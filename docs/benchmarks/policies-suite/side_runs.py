@@ -15,6 +15,18 @@ WORKLOADS, VARIANTS, POLICIES and LOADS are comma-separated:
     plugin could do by wrapping the scheduler's ``schedule``); ``YIELD_MODE=pause`` gives lower-tier
     prompts in prefill no chunk at all in such a step (the idea's bound, not buildable on vLLM as it
     ships); ``off``, the default, leaves the engine as it is. One line per run and tier.
+
+``SIDE grid VARIANT [VARIANT ...]``
+    tailcut's adaptive sizes changed together (``side-size-grid/``), each variant on the four shipped
+    workloads at 90, 100 and 120%: ``+``-joined parts ``nr=F`` (the normal tier's room times F),
+    ``ch=N`` (the prefill chunk raised to at least N instead of half the budget floor), ``dm=M`` (the
+    lower tiers' demand margin; ``off``: no demand term), ``drain=MS`` (``backlog_drain_ms``),
+    ``gmax=N`` (``background_gate_max_waiting``), ``prog`` (a prompt in prefill counts what is left of
+    it, estimated from the rounds' clock and the step time, instead of its whole chunk), ``noadapt``
+    (the policy before issue 12), ``shipped``.
+    One line per variant: the suite's targets that need no static-batch or shed run (48 of 56), against
+    the baselines in each workload's ``results.json``, the misses, and the seed-mix figures that fell
+    below those of the policy before issue 12.
 """
 
 import json
@@ -30,6 +42,7 @@ from typing import Any
 from admission.shedding import ShedLimits
 from bench import policies
 from bench.workloads import workload_and_cost
+from workers import scheduler as schedmod
 from workers.engines import sim as simmod
 
 SUITE = Path(__file__).with_name("suite.json")
@@ -137,7 +150,181 @@ def print_yield(name: str, label: str, load: float, rows: Rows) -> None:
         )
 
 
-# --- both ---
+# --- grid: the adaptive sizes changed together ---
+
+GRID_NAMES = ("seed-mix", "bursty", "sharegpt-chat", "long-history")
+GRID_LOADS = (0.9, 1.0, 1.2)
+TOKENS = "output_tokens_per_s"
+# seed-mix under the policy before issue 12 (``noadapt``, the suite's run of ea402cb): (figure, +1 if
+# higher is better); a variant "keeps" a figure within 0.0006 of it.
+SEED_MIX_BEFORE = {
+    "realtime P99 TTFT / fifo at 90%": (0.190, -1),
+    "realtime P99 E2E / floor at 90%": (1.097, -1),
+    "background / fifo at 90%": (0.9945, 1),
+    "realtime P99 E2E / vllm-priority at 100%": (0.839, -1),
+    "background / vllm-priority at 100%": (0.927, 1),
+    "realtime attainment at 100%": (0.9986, 1),
+    "realtime attainment at 120%": (0.9994, 1),
+}
+
+
+def patch_sizes(spec: str) -> None:
+    """Patch ``workers.scheduler`` for one grid variant (in the forked process that runs it)."""
+    policy = schedmod.TailcutPolicy
+    for part in spec.split("+"):
+        key, _, value = part.partition("=")
+        if key == "nr":
+            share, normal_room = float(value), policy.normal_room_tokens
+            policy.normal_room_tokens = lambda self, _o=normal_room, f=share: int(_o(self) * f)  # type: ignore[method-assign,misc]
+        elif key == "dm":
+            schedmod.DEMAND_MARGIN = -1.0 if value == "off" else float(value)  # -1: the term is one chunk
+        elif key == "ch":
+
+            def chunk(self: Any, floor: int = int(value)) -> int:
+                config = self.config
+                if not config.prefill_chunk_tokens or not config.adaptive:
+                    return int(config.prefill_chunk_tokens)
+                seen = self._prompts["realtime"].size() or 0
+                return int(max(config.prefill_chunk_tokens, min(max(seen, floor), config.budget.max_tokens // 2)))
+
+            policy.prefill_chunk_tokens = property(chunk)  # type: ignore[assignment,method-assign]
+        elif key == "prog":
+            count_progress()
+
+
+def count_progress() -> None:
+    """A prompt in prefill takes what is left of it in a round's accounting, not its whole chunk: each
+    round it is taken to have advanced one chunk per ``step_ms`` since the round before (at least one
+    KV block is left until its first token)."""
+    schedule = schedmod.TailcutPolicy.schedule
+
+    def counting(self: Any, view: Any, now_ms: int) -> Any:
+        progress: dict[str, float] = self.__dict__.setdefault("_progress", {})
+        last = self.__dict__.get("_last_round_ms")
+        self._last_round_ms = now_ms
+        if last is not None and view.step_ms > 0:
+            steps = (now_ms - last) / view.step_ms
+            for request_id, (tokens, _tier) in self._prefilling.items():
+                chunk = min(tokens, self._engine_chunk) if self._engine_chunk else tokens
+                progress[request_id] = progress.get(request_id, 0.0) + steps * chunk
+        whole = dict(self._prefilling)
+        for request_id, (tokens, tier) in whole.items():
+            left = max(self.config.kv_block_tokens, tokens - int(progress.get(request_id, 0.0)))
+            self._prefilling[request_id] = (left, tier)
+        try:
+            return schedule(self, view, now_ms)
+        finally:
+            for request_id, entry in whole.items():
+                if request_id in self._prefilling:
+                    self._prefilling[request_id] = entry
+            for request_id in [each for each in progress if each not in self._prefilling]:
+                del progress[request_id]
+
+    schedmod.TailcutPolicy.schedule = counting  # type: ignore[method-assign]
+
+
+def grid_variant(spec: str) -> policies.Variant:
+    shipped = policy_variant("tailcut")
+    scheduler = shipped.scheduler
+    for part in spec.split("+"):
+        key, _, value = part.partition("=")
+        if key == "noadapt":
+            scheduler = replace(scheduler, adaptive=False)
+        elif key == "drain":
+            scheduler = replace(scheduler, backlog_drain_ms=int(float(value)))
+        elif key == "gmax":
+            scheduler = replace(scheduler, background_gate_max_waiting=int(value))
+        elif key not in ("shipped", "nr", "dm", "ch", "prog"):
+            raise SystemExit(f"unknown part {part!r}")
+    return replace(shipped, label=spec, scheduler=scheduler)
+
+
+Baselines = dict[tuple[str, float, str], Any]
+
+
+def grid_targets(rows: dict[float, Rows], base: Baselines) -> list[tuple[str, float, bool]]:
+    def ratio(load: float, tier: str, key: str, policy: str) -> float:
+        return float(rows[load][tier][key]) / float(base[(policy, load, tier)][key])
+
+    realtime = rows[0.9]["realtime"]
+    checks = [
+        ("ttft90/fifo", ratio(0.9, "realtime", "p99_ttft_ms", "fifo"), "<=", 0.25),
+        ("e2e90/floor", realtime["p99_e2e_ms"] / realtime["floor_e2e_ms"], "<=", 1.10),
+        ("bg90/fifo", ratio(0.9, "background", TOKENS, "fifo"), ">=", 0.95),
+        ("normal90/fifo", ratio(0.9, "normal", "p99_ttft_ms", "fifo"), "<=", 1.0),
+    ]
+    for load in (0.9, 1.0):
+        percent = round(load * 100)
+        checks += [
+            (f"e2e{percent}/vllm-priority", ratio(load, "realtime", "p99_e2e_ms", "vllm-priority"), "<=", 0.90),
+            (f"attainment{percent}", rows[load]["realtime"]["attainment"], ">=", 0.99),
+            (f"bg{percent}/vllm-priority", ratio(load, "background", TOKENS, "vllm-priority"), ">=", 0.95),
+        ]
+    checks.append(("attainment120", rows[1.2]["realtime"]["attainment"], ">=", 0.99))
+    checks.append(("unfinished120", sum(row["unfinished"] for row in rows[1.2].values()), "<=", 0))
+    return [(name, value, value <= bound if op == "<=" else value >= bound) for name, value, op, bound in checks]
+
+
+def seed_mix_figures(rows: dict[float, Rows], base: Baselines) -> dict[str, float]:
+    def ratio(load: float, tier: str, key: str, policy: str) -> float:
+        return float(rows[load][tier][key]) / float(base[(policy, load, tier)][key])
+
+    realtime = rows[0.9]["realtime"]
+    return {
+        "realtime P99 TTFT / fifo at 90%": ratio(0.9, "realtime", "p99_ttft_ms", "fifo"),
+        "realtime P99 E2E / floor at 90%": realtime["p99_e2e_ms"] / realtime["floor_e2e_ms"],
+        "background / fifo at 90%": ratio(0.9, "background", TOKENS, "fifo"),
+        "realtime P99 E2E / vllm-priority at 100%": ratio(1.0, "realtime", "p99_e2e_ms", "vllm-priority"),
+        "background / vllm-priority at 100%": ratio(1.0, "background", TOKENS, "vllm-priority"),
+        "realtime attainment at 100%": rows[1.0]["realtime"]["attainment"],
+        "realtime attainment at 120%": rows[1.2]["realtime"]["attainment"],
+    }
+
+
+def grid_one(job: tuple[str, str, float, float]) -> tuple[str, str, float, Rows]:
+    name, spec, load, rate_rps = job
+    patch_sizes(spec)
+    workload, cost = workload_and_cost(name, "h100-llama3-8b")
+    result = policies.run_job(policies.Job(grid_variant(spec), load, rate_rps, 0, 120.0, workload, cost))
+    return name, spec, load, {row["tier"]: row for row in result.rows}
+
+
+def run_grid(specs: list[str]) -> None:
+    capacities = capacities_rps()
+    bases = {
+        name: {
+            (row["policy"], row["load"], row["tier"]): row
+            for row in json.loads((SUITE.parent / name / "results.json").read_text())["runs"]
+        }
+        for name in GRID_NAMES
+    }
+    jobs = [(name, spec, load, load * capacities[name]) for spec in specs for name in GRID_NAMES for load in GRID_LOADS]
+    done: dict[str, dict[str, dict[float, Rows]]] = {}
+    # One job per process: each patches the scheduler module for its own variant.
+    with multiprocessing.get_context("fork").Pool(2, maxtasksperchild=1) as pool:
+        for name, spec, load, rows in pool.imap_unordered(grid_one, jobs):
+            done.setdefault(spec, {}).setdefault(name, {})[load] = rows
+            if any(len(done[spec].get(each, {})) < len(GRID_LOADS) for each in GRID_NAMES):
+                continue
+            checks = [(each, check) for each in GRID_NAMES for check in grid_targets(done[spec][each], bases[each])]
+            misses = [f"{each}.{check}={value:.3f}" for each, (check, value, met) in checks if not met]
+            figures = seed_mix_figures(done[spec]["seed-mix"], bases["seed-mix"])
+            fell = [
+                f"{figure} {figures[figure]:.3f} (was {before})"
+                for figure, (before, better) in SEED_MIX_BEFORE.items()
+                if (figures[figure] - before) * better < -0.0006
+            ]
+            print(
+                f"{spec}: met {len(checks) - len(misses)}/{len(checks)};",
+                f"seed-mix at 100%: background {figures['background / vllm-priority at 100%']:.3f}x vllm-priority's,",
+                f"realtime attainment {figures['realtime attainment at 100%']:.4f};",
+                f"missed: {', '.join(misses) or 'none'};",
+                f"seed-mix below the policy before issue 12: {'; '.join(fell) or 'none'}",
+                flush=True,
+            )
+
+
+# --- floor and yield ---
 
 EXPERIMENTS: dict[str, tuple[Callable[[str], policies.Variant], Callable[[str, str, float, Rows], None]]] = {
     "floor": (floor_variant, print_floor),
@@ -154,6 +341,9 @@ def one(job: tuple[str, str, str, float, float]) -> tuple[str, str, float, Rows]
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "grid":
+        run_grid(sys.argv[2:])
+        raise SystemExit(0)
     experiment, names, specs, loads = sys.argv[1:5]
     if experiment == "yield":
         patch_engine(os.environ.get("YIELD_MODE", "off"), int(os.environ.get("YIELD_FLOOR", "64")))
