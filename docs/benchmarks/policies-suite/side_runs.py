@@ -24,9 +24,9 @@ WORKLOADS, VARIANTS, POLICIES and LOADS are comma-separated:
     ``gmax=N`` (``background_gate_max_waiting``), ``prog`` (a prompt in prefill counts what is left of
     it, estimated from the rounds' clock and the step time, instead of its whole chunk), ``noadapt``
     (the policy before issue 12), ``shipped``.
-    One line per variant: the suite's targets that need no static-batch or shed run (48 of 56), against
-    the baselines in each workload's ``results.json``, the misses, and the seed-mix figures that fell
-    below those of the policy before issue 12.
+    One line per variant: the suite's targets (``bench.policies.check_targets``) with the baselines'
+    rows of each workload's ``results.json``, the misses, and the seed-mix figures that fell below those
+    of the policy before issue 12.
 """
 
 import json
@@ -42,6 +42,7 @@ from typing import Any
 from admission.shedding import ShedLimits
 from bench import policies
 from bench.workloads import workload_and_cost
+from queues.keys import Tier
 from workers import scheduler as schedmod
 from workers.engines import sim as simmod
 
@@ -239,76 +240,62 @@ def grid_variant(spec: str) -> policies.Variant:
     return replace(shipped, label=spec, scheduler=scheduler)
 
 
-Baselines = dict[tuple[str, float, str], Any]
+def grid_report(
+    name: str, results: list[policies.JobResult], baselines: list[dict[str, Any]]
+) -> policies.PoliciesReport:
+    """The suite's report of one workload: the baselines' rows of its ``results.json`` beside the variant's
+    runs, whose rows stand in for tailcut's."""
+    workload, cost = workload_and_cost(name, "h100-llama3-8b")
+    ours = [replace(result, rows=[{**row, "policy": "tailcut"} for row in result.rows]) for result in results]
+    theirs = replace(results[0], rows=baselines)
+    return policies.PoliciesReport(workload, cost, 0, 120.0, capacities_rps()[name], [theirs, *ours], [], 0.0)
 
 
-def grid_targets(rows: dict[float, Rows], base: Baselines) -> list[tuple[str, float, bool]]:
-    def ratio(load: float, tier: str, key: str, policy: str) -> float:
-        return float(rows[load][tier][key]) / float(base[(policy, load, tier)][key])
+def seed_mix_figures(report: policies.PoliciesReport) -> dict[str, float]:
+    def ratio(load: float, tier: Tier, key: str, policy: str) -> float:
+        return float(report.row("tailcut", load, tier)[key]) / float(report.row(policy, load, tier)[key])
 
-    realtime = rows[0.9]["realtime"]
-    checks = [
-        ("ttft90/fifo", ratio(0.9, "realtime", "p99_ttft_ms", "fifo"), "<=", 0.25),
-        ("e2e90/floor", realtime["p99_e2e_ms"] / realtime["floor_e2e_ms"], "<=", 1.10),
-        ("bg90/fifo", ratio(0.9, "background", TOKENS, "fifo"), ">=", 0.95),
-        ("normal90/fifo", ratio(0.9, "normal", "p99_ttft_ms", "fifo"), "<=", 1.0),
-    ]
-    for load in (0.9, 1.0):
-        percent = round(load * 100)
-        checks += [
-            (f"e2e{percent}/vllm-priority", ratio(load, "realtime", "p99_e2e_ms", "vllm-priority"), "<=", 0.90),
-            (f"attainment{percent}", rows[load]["realtime"]["attainment"], ">=", 0.99),
-            (f"bg{percent}/vllm-priority", ratio(load, "background", TOKENS, "vllm-priority"), ">=", 0.95),
-        ]
-    checks.append(("attainment120", rows[1.2]["realtime"]["attainment"], ">=", 0.99))
-    checks.append(("unfinished120", sum(row["unfinished"] for row in rows[1.2].values()), "<=", 0))
-    return [(name, value, value <= bound if op == "<=" else value >= bound) for name, value, op, bound in checks]
-
-
-def seed_mix_figures(rows: dict[float, Rows], base: Baselines) -> dict[str, float]:
-    def ratio(load: float, tier: str, key: str, policy: str) -> float:
-        return float(rows[load][tier][key]) / float(base[(policy, load, tier)][key])
-
-    realtime = rows[0.9]["realtime"]
+    realtime = report.row("tailcut", 0.9, "realtime")
     return {
         "realtime P99 TTFT / fifo at 90%": ratio(0.9, "realtime", "p99_ttft_ms", "fifo"),
         "realtime P99 E2E / floor at 90%": realtime["p99_e2e_ms"] / realtime["floor_e2e_ms"],
         "background / fifo at 90%": ratio(0.9, "background", TOKENS, "fifo"),
         "realtime P99 E2E / vllm-priority at 100%": ratio(1.0, "realtime", "p99_e2e_ms", "vllm-priority"),
         "background / vllm-priority at 100%": ratio(1.0, "background", TOKENS, "vllm-priority"),
-        "realtime attainment at 100%": rows[1.0]["realtime"]["attainment"],
-        "realtime attainment at 120%": rows[1.2]["realtime"]["attainment"],
+        "realtime attainment at 100%": report.row("tailcut", 1.0, "realtime")["attainment"],
+        "realtime attainment at 120%": report.row("tailcut", 1.2, "realtime")["attainment"],
     }
 
 
-def grid_one(job: tuple[str, str, float, float]) -> tuple[str, str, float, Rows]:
+def grid_one(job: tuple[str, str, float, float]) -> tuple[str, str, policies.JobResult]:
     name, spec, load, rate_rps = job
     patch_sizes(spec)
     workload, cost = workload_and_cost(name, "h100-llama3-8b")
-    result = policies.run_job(policies.Job(grid_variant(spec), load, rate_rps, 0, 120.0, workload, cost))
-    return name, spec, load, {row["tier"]: row for row in result.rows}
+    return name, spec, policies.run_job(policies.Job(grid_variant(spec), load, rate_rps, 0, 120.0, workload, cost))
 
 
 def run_grid(specs: list[str]) -> None:
     capacities = capacities_rps()
-    bases = {
-        name: {
-            (row["policy"], row["load"], row["tier"]): row
+    baselines = {
+        name: [
+            row
             for row in json.loads((SUITE.parent / name / "results.json").read_text())["runs"]
-        }
+            if row["policy"] in ("static-batch", "fifo", "vllm-priority")
+        ]
         for name in GRID_NAMES
     }
     jobs = [(name, spec, load, load * capacities[name]) for spec in specs for name in GRID_NAMES for load in GRID_LOADS]
-    done: dict[str, dict[str, dict[float, Rows]]] = {}
+    done: dict[str, dict[str, list[policies.JobResult]]] = {}
     # One job per process: each patches the scheduler module for its own variant.
     with multiprocessing.get_context("fork").Pool(2, maxtasksperchild=1) as pool:
-        for name, spec, load, rows in pool.imap_unordered(grid_one, jobs):
-            done.setdefault(spec, {}).setdefault(name, {})[load] = rows
-            if any(len(done[spec].get(each, {})) < len(GRID_LOADS) for each in GRID_NAMES):
+        for name, spec, result in pool.imap_unordered(grid_one, jobs):
+            done.setdefault(spec, {}).setdefault(name, []).append(result)
+            if any(len(done[spec].get(each, [])) < len(GRID_LOADS) for each in GRID_NAMES):
                 continue
-            checks = [(each, check) for each in GRID_NAMES for check in grid_targets(done[spec][each], bases[each])]
-            misses = [f"{each}.{check}={value:.3f}" for each, (check, value, met) in checks if not met]
-            figures = seed_mix_figures(done[spec]["seed-mix"], bases["seed-mix"])
+            reports = {each: grid_report(each, done[spec][each], baselines[each]) for each in GRID_NAMES}
+            checks = [(each, check) for each in GRID_NAMES for check in policies.check_targets(reports[each])]
+            misses = [f"{each} {check.name} = {check.value or 0:.3f}" for each, check in checks if not check.met]
+            figures = seed_mix_figures(reports["seed-mix"])
             fell = [
                 f"{figure} {figures[figure]:.3f} (was {before})"
                 for figure, (before, better) in SEED_MIX_BEFORE.items()
@@ -318,7 +305,7 @@ def run_grid(specs: list[str]) -> None:
                 f"{spec}: met {len(checks) - len(misses)}/{len(checks)};",
                 f"seed-mix at 100%: background {figures['background / vllm-priority at 100%']:.3f}x vllm-priority's,",
                 f"realtime attainment {figures['realtime attainment at 100%']:.4f};",
-                f"missed: {', '.join(misses) or 'none'};",
+                f"missed: {'; '.join(misses) or 'none'};",
                 f"seed-mix below the policy before issue 12: {'; '.join(fell) or 'none'}",
                 flush=True,
             )
