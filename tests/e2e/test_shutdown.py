@@ -166,7 +166,10 @@ async def test_a_stopping_worker_hands_back_what_waits_and_what_outlasts_its_dra
     every client gets the greedy tokens, each position once."""
     caplog.set_level(logging.INFO, logger="tailcut.worker")
     prompts = [list(range(30 + index, 62 + index)) for index in range(3)]
-    lengths = [800, 200, 200]  # the first outlasts the 1.5 s drain: 2.7 s even at 300 tokens/s (here ~130)
+    # The first outlasts the 1.5 s drain wherever it stands at stop(): with 800 tokens it finished inside
+    # the drain on a fast run (it had advanced while the others queued and the second worker started).
+    # 2,000 is near the test engine's context (2,048 with the 32-token prompt): 3.3 s even at 600 tokens/s.
+    lengths = [2000, 200, 200]
     expected = await asyncio.gather(
         *(
             reference_ids(engine, prompt, length, f"reference-stop-{index}")
