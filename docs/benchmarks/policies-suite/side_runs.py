@@ -1,7 +1,8 @@
 """Side runs of issue 12 (SIMULATOR, not shipped): one policy variant at a time on the suite's traces
-(seed 0, 120 virtual s, each workload's fifo capacity as ``suite.json`` recorded it). Run from the
-repository root as ``.venv/bin/python docs/benchmarks/policies-suite/side_runs.py`` (below: ``SIDE``);
-WORKLOADS, VARIANTS, POLICIES and LOADS are comma-separated:
+(seed 0, 120 virtual s, each workload's fifo capacity as ``suite.json`` recorded it; ``SIDE_SUITE=PATH``
+names another suite run's ``suite.json``, whose seed, duration, capacities and baselines are used
+instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/policies-suite/side_runs.py``
+(below: ``SIDE``); WORKLOADS, VARIANTS, POLICIES and LOADS are comma-separated:
 
 ``SIDE floor WORKLOADS VARIANTS LOADS``
     tailcut with a larger budget floor (``floor=N``: ``BudgetConfig.min_tokens``), without shedding
@@ -24,9 +25,10 @@ WORKLOADS, VARIANTS, POLICIES and LOADS are comma-separated:
     ``gmax=N`` (``background_gate_max_waiting``), ``prog`` (a prompt in prefill counts what is left of
     it, estimated from the rounds' clock and the step time, instead of its whole chunk), ``noadapt``
     (the policy before issue 12), ``shipped``.
-    One line per variant: the suite's targets (``bench.policies.check_targets``) with the baselines'
-    rows of each workload's ``results.json``, the misses, and the seed-mix figures that fell below those
-    of the policy before issue 12.
+    ``SIDE_WORKLOADS=seed-mix`` runs only the workloads named. One line per variant: the suite's targets
+    (``bench.policies.check_targets``) with the baselines' rows of each workload's ``results.json``, the
+    misses, seed-mix's figures, and (on this folder's traces) those that fell below the policy before
+    issue 12's.
 """
 
 import json
@@ -39,14 +41,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy
+
 from admission.shedding import ShedLimits
 from bench import policies
-from bench.workloads import workload_and_cost
+from bench.simrun import simulate
+from bench.workloads import make_trace, workload_and_cost
 from queues.keys import Tier
 from workers import scheduler as schedmod
 from workers.engines import sim as simmod
 
-SUITE = Path(__file__).with_name("suite.json")
+# The suite run whose traces, capacities and baselines the side runs use: this folder's (seed 0, 120
+# virtual s) unless ``SIDE_SUITE`` names another ``suite.json`` (its seed and duration are used too).
+SUITE = Path(os.environ.get("SIDE_SUITE", Path(__file__).with_name("suite.json")))
+SUITE_RUN = json.loads(SUITE.read_text())["workloads"][0]
+SEED, DURATION_S = int(SUITE_RUN["seed"]), float(SUITE_RUN["duration_s"])
 REALTIME_PRIORITY = 1  # TailcutPolicy.engine_priority of a realtime request (its summaries: 0)
 Rows = dict[str, dict[str, Any]]
 
@@ -153,7 +162,7 @@ def print_yield(name: str, label: str, load: float, rows: Rows) -> None:
 
 # --- grid: the adaptive sizes changed together ---
 
-GRID_NAMES = ("seed-mix", "bursty", "sharegpt-chat", "long-history")
+GRID_NAMES = tuple(os.environ.get("SIDE_WORKLOADS", "seed-mix,bursty,sharegpt-chat,long-history").split(","))
 GRID_LOADS = (0.9, 1.0, 1.2)
 TOKENS = "output_tokens_per_s"
 # seed-mix under the policy before issue 12 (``noadapt``, the suite's run of ea402cb): (figure, +1 if
@@ -248,7 +257,7 @@ def grid_report(
     workload, cost = workload_and_cost(name, "h100-llama3-8b")
     ours = [replace(result, rows=[{**row, "policy": "tailcut"} for row in result.rows]) for result in results]
     theirs = replace(results[0], rows=baselines)
-    return policies.PoliciesReport(workload, cost, 0, 120.0, capacities_rps()[name], [theirs, *ours], [], 0.0)
+    return policies.PoliciesReport(workload, cost, SEED, DURATION_S, capacities_rps()[name], [theirs, *ours], [], 0.0)
 
 
 def seed_mix_figures(report: policies.PoliciesReport) -> dict[str, float]:
@@ -271,7 +280,8 @@ def grid_one(job: tuple[str, str, float, float]) -> tuple[str, str, policies.Job
     name, spec, load, rate_rps = job
     patch_sizes(spec)
     workload, cost = workload_and_cost(name, "h100-llama3-8b")
-    return name, spec, policies.run_job(policies.Job(grid_variant(spec), load, rate_rps, 0, 120.0, workload, cost))
+    variant = grid_variant(spec)
+    return name, spec, policies.run_job(policies.Job(variant, load, rate_rps, SEED, DURATION_S, workload, cost))
 
 
 def run_grid(specs: list[str]) -> None:
@@ -295,20 +305,19 @@ def run_grid(specs: list[str]) -> None:
             reports = {each: grid_report(each, done[spec][each], baselines[each]) for each in GRID_NAMES}
             checks = [(each, check) for each in GRID_NAMES for check in policies.check_targets(reports[each])]
             misses = [f"{each} {check.name} = {check.value or 0:.3f}" for each, check in checks if not check.met]
-            figures = seed_mix_figures(reports["seed-mix"])
-            fell = [
-                f"{figure} {figures[figure]:.3f} (was {before})"
-                for figure, (before, better) in SEED_MIX_BEFORE.items()
-                if (figures[figure] - before) * better < -0.0006
-            ]
-            print(
-                f"{spec}: met {len(checks) - len(misses)}/{len(checks)};",
-                f"seed-mix at 100%: background {figures['background / vllm-priority at 100%']:.3f}x vllm-priority's,",
-                f"realtime attainment {figures['realtime attainment at 100%']:.4f};",
-                f"missed: {'; '.join(misses) or 'none'};",
-                f"seed-mix below the policy before issue 12: {'; '.join(fell) or 'none'}",
-                flush=True,
-            )
+            line = [f"{spec}: met {len(checks) - len(misses)}/{len(checks)};", f"missed: {'; '.join(misses) or 'none'}"]
+            if "seed-mix" in reports:
+                figures = seed_mix_figures(reports["seed-mix"])
+                line.append("; seed-mix: " + ", ".join(f"{figure} {value:.4f}" for figure, value in figures.items()))
+            if "seed-mix" in reports and "SIDE_SUITE" not in os.environ:
+                # SEED_MIX_BEFORE was measured on this folder's traces only.
+                fell = [
+                    f"{figure} {figures[figure]:.3f} (was {before})"
+                    for figure, (before, better) in SEED_MIX_BEFORE.items()
+                    if (figures[figure] - before) * better < -0.0006
+                ]
+                line.append(f"; seed-mix below the policy before issue 12: {'; '.join(fell) or 'none'}")
+            print(*line, flush=True)
 
 
 # --- floor and yield ---
@@ -323,13 +332,56 @@ def one(job: tuple[str, str, str, float, float]) -> tuple[str, str, float, Rows]
     experiment, name, spec, load, rate_rps = job
     workload, cost = workload_and_cost(name, "h100-llama3-8b")
     variant = EXPERIMENTS[experiment][0](spec)
-    result = policies.run_job(policies.Job(variant, load, rate_rps, 0, 120.0, workload, cost))
+    result = policies.run_job(policies.Job(variant, load, rate_rps, SEED, DURATION_S, workload, cost))
     return name, spec, load, {row["tier"]: row for row in result.rows}
+
+
+# --- bursts: where a run's realtime P99 TTFT comes from ---
+
+BURST_BIN_S = 30
+
+
+def bursts(job: tuple[str, str, float]) -> list[str]:
+    """A policy's realtime TTFT at 90% on the suite's trace, per ``BURST_BIN_S`` of arrivals: the P99 of the
+    whole run (as the suite computes it) beside each bin's P99 and max, so one burst's share shows."""
+    name, label, rate_rps = job
+    workload, cost = workload_and_cost(name, "h100-llama3-8b")
+    variant = next(variant for variant in policies.variants() if variant.label == label)
+    trace = make_trace(workload, rate_rps, seed=SEED, duration_s=DURATION_S)
+    run = simulate(
+        trace,
+        workload,
+        policies.Job(variant, 0.9, rate_rps, SEED, DURATION_S, workload, cost).config(),
+        duration_s=DURATION_S,
+    )
+    ttft = [(r.sent_s, r.ttft_ms) for r in policies.records_of(run) if r.tier == "realtime" and r.ttft_ms is not None]
+    lines = [
+        f"{name} {label} seed {SEED}, {DURATION_S:g} s: realtime P99 TTFT {percentile([t for _, t in ttft]):.1f} ms"
+    ]
+    for start in range(0, int(DURATION_S), BURST_BIN_S):
+        mine = [t for sent, t in ttft if start <= sent < start + BURST_BIN_S]
+        if mine:
+            lines.append(
+                f"  [{start:3d}, {start + BURST_BIN_S:3d}) s: {len(mine):5d} requests, "
+                f"P99 {percentile(mine):6.1f} ms, max {max(mine):6.1f} ms"
+            )
+    return lines
+
+
+def percentile(values: list[float]) -> float:
+    return float(numpy.percentile(values, 99))
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "grid":
         run_grid(sys.argv[2:])
+        raise SystemExit(0)
+    if sys.argv[1] == "bursts":
+        capacities = capacities_rps()
+        burst_jobs = [(sys.argv[2], label, 0.9 * capacities[sys.argv[2]]) for label in sys.argv[3].split(",")]
+        with ProcessPoolExecutor(2) as pool:
+            for lines in pool.map(bursts, burst_jobs):
+                print("\n".join(lines), flush=True)
         raise SystemExit(0)
     experiment, names, specs, loads = sys.argv[1:5]
     if experiment == "yield":
