@@ -182,7 +182,7 @@ def _add_policies_parser(bench_sub: argparse._SubParsersAction[argparse.Argument
     )
     policies.add_argument("--cost-model", default="h100-llama3-8b", help="h100-llama3-8b or a100-llama3-8b")
     policies.add_argument("--seed", type=int, default=0, help="trace seed (same seed, same figures)")
-    policies.add_argument("--duration", type=float, help="virtual seconds of arrivals per run (default 120)")
+    policies.add_argument("--duration", type=float, help="virtual seconds of arrivals per run (default 360)")
     policies.add_argument(
         "--loads",
         help="shares of fifo capacity, comma-separated, holding 0.9, 1.0, 1.2 (default 0.5,0.7,0.9,1.0,1.2; "
@@ -207,7 +207,7 @@ def cmd_policies(args: argparse.Namespace) -> None:
         policies_suite.command(args, cost)
         return
     loads = policies_suite.parse_loads(args.loads or "0.5,0.7,0.9,1.0,1.2")
-    args.duration = 120.0 if args.duration is None else args.duration
+    args.duration = policies.DURATION_S if args.duration is None else args.duration
     if args.duration <= 0:
         raise FatalError("--duration must be positive")
     # Wide enough for the tables when the output goes to a file or a pipe.

@@ -30,6 +30,13 @@ from workers.engines.sim import KvAllocation
 from workers.scheduling import SchedulerConfig
 
 LOADS: tuple[float, ...] = (0.5, 0.7, 0.9, 1.0, 1.2)
+# Virtual seconds of arrivals per run: about 20,000 requests at 90% on the slowest shipped workload,
+# the sample WORKLOADS.md's sanity model measures a point with. fifo's P99 at 90% is made by bursts
+# that come every few minutes (one burst holds more than 1% of the requests behind it for half a
+# second): 120 s traces missed them on sharegpt-chat, whose fifo realtime P99 TTFT read 114-175 ms
+# there and 388-582 ms over 360 s on the same seeds, while tailcut's read 37 ms on both
+# (BENCHMARKS.md "Every shipped workload").
+DURATION_S = 360.0
 TIERS: tuple[Tier, ...] = ("realtime", "normal", "background")
 # The engine option tailcut deploys with (``TAILCUT_ENGINE__LONG_PREFILL_TOKEN_THRESHOLD``); the
 # baselines run vLLM's default, no cap.

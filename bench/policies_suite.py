@@ -2,13 +2,13 @@
 
 Each workload in ``bench/workloads/`` runs the four policies of WORKLOADS.md (static-batch, fifo,
 vllm-priority, tailcut) at the loads the targets are checked at (90%, 100%, 120% of that workload's own
-fifo capacity), on one seeded trace per load of 120 virtual seconds by default: the standalone command's
-duration, so a workload's rows are the ones ``tailcut bench policies --workload`` gives at those loads
-(seed-mix's are BENCHMARKS.md's). ``--duration 60`` halves the time, but at 90% fifo's queue has not
-reached its tail within a minute, so ratios against fifo read differently there. It prints each
-workload's queue wait per tier × tenant and its targets table, then one summary line of the targets met
-per workload; ``--out DIR`` writes ``DIR/<workload>/results.json`` (with the plots) and
-``DIR/suite.json``.
+fifo capacity), on one seeded trace per load of 360 virtual seconds by default (``policies.DURATION_S``,
+the standalone command's duration, so a workload's rows are the ones ``tailcut bench policies
+--workload`` gives at those loads). ``--duration 120`` takes about a quarter of the time, but fifo's P99
+at 90% is made by bursts that come every few minutes, which a 120-second trace may hold or miss: ratios
+to fifo's P99 read differently there. It prints each workload's queue wait per tier × tenant and its
+targets table, then one summary line of the targets met per workload; ``--out DIR`` writes
+``DIR/<workload>/results.json`` (with the plots) and ``DIR/suite.json``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from workers.engines.costmodel import CostModel
 
 SUITE_LABELS: tuple[str, ...] = ("static-batch", "fifo", "vllm-priority", "tailcut")
 SUITE_LOADS: tuple[float, ...] = (0.9, 1.0, 1.2)
-SUITE_DURATION_S = 120.0
 
 
 @dataclass(slots=True)
@@ -50,7 +49,7 @@ def run_suite(
     cost: CostModel,
     *,
     seed: int,
-    duration_s: float = SUITE_DURATION_S,
+    duration_s: float = policies.DURATION_S,
     loads: Sequence[float] = SUITE_LOADS,
     jobs: int | None = None,
     capacity_requests: int = 3000,
@@ -142,7 +141,7 @@ def command(args: argparse.Namespace, cost: CostModel) -> None:
 
     if args.workload is not None:
         raise FatalError("give --suite (every shipped workload) or --workload NAME_OR_PATH, not both")
-    duration_s = SUITE_DURATION_S if args.duration is None else args.duration
+    duration_s = policies.DURATION_S if args.duration is None else args.duration
     loads = SUITE_LOADS if args.loads is None else parse_loads(args.loads)
     if duration_s <= 0:
         raise FatalError("--duration must be positive")
