@@ -41,11 +41,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy
-
 from admission.shedding import ShedLimits
 from bench import policies
 from bench.simrun import simulate
+from bench.stats import field_of, summarize
 from bench.workloads import make_trace, workload_and_cost
 from queues.keys import Tier
 from workers import scheduler as schedmod
@@ -54,14 +53,14 @@ from workers.engines import sim as simmod
 # The suite run whose traces, capacities and baselines the side runs use: this folder's (seed 0, 120
 # virtual s) unless ``SIDE_SUITE`` names another ``suite.json`` (its seed and duration are used too).
 SUITE = Path(os.environ.get("SIDE_SUITE", Path(__file__).with_name("suite.json")))
-SUITE_RUN = json.loads(SUITE.read_text())["workloads"][0]
-SEED, DURATION_S = int(SUITE_RUN["seed"]), float(SUITE_RUN["duration_s"])
+SUITE_WORKLOADS = json.loads(SUITE.read_text())["workloads"]
+SEED, DURATION_S = int(SUITE_WORKLOADS[0]["seed"]), float(SUITE_WORKLOADS[0]["duration_s"])
 REALTIME_PRIORITY = 1  # TailcutPolicy.engine_priority of a realtime request (its summaries: 0)
 Rows = dict[str, dict[str, Any]]
 
 
 def capacities_rps() -> dict[str, float]:
-    return {entry["name"]: entry["capacity_rps"] for entry in json.loads(SUITE.read_text())["workloads"]}
+    return {entry["name"]: entry["capacity_rps"] for entry in SUITE_WORKLOADS}
 
 
 # --- floor: variants of the policy's configuration ---
@@ -346,7 +345,7 @@ def bursts(job: tuple[str, str, float]) -> list[str]:
     whole run (as the suite computes it) beside each bin's P99 and max, so one burst's share shows."""
     name, label, rate_rps = job
     workload, cost = workload_and_cost(name, "h100-llama3-8b")
-    variant = next(variant for variant in policies.variants() if variant.label == label)
+    variant = policy_variant(label)
     trace = make_trace(workload, rate_rps, seed=SEED, duration_s=DURATION_S)
     run = simulate(
         trace,
@@ -369,7 +368,8 @@ def bursts(job: tuple[str, str, float]) -> list[str]:
 
 
 def percentile(values: list[float]) -> float:
-    return float(numpy.percentile(values, 99))
+    """The P99 as the suite reports it (``bench.stats.summarize``)."""
+    return float(field_of(summarize(values), "p99") or 0.0)
 
 
 if __name__ == "__main__":
