@@ -6,7 +6,8 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
 
 ``SIDE floor WORKLOADS VARIANTS LOADS``
     tailcut with a larger budget floor (``floor=N``: ``BudgetConfig.min_tokens``), without shedding
-    background (``noshed``), or as shipped (``shipped``); one line per run (``side-floor-at-100/``).
+    background (``noshed``), with another background waiting bound (``shed=N``), or as shipped
+    (``shipped``); one line per run (``side-floor-at-100/``).
 
 ``YIELD_MODE=global YIELD_FLOOR=128 SIDE yield WORKLOADS POLICIES LOADS``
     priority-aware prefill chunks (``side-prefill-yield/``), the simulator's engine patched for every
@@ -22,9 +23,9 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     workloads at 90, 100 and 120%: ``+``-joined parts ``nr=F`` (the normal tier's room times F),
     ``ch=N`` (the prefill chunk raised to at least N instead of half the budget floor), ``dm=M`` (the
     lower tiers' demand margin; ``off``: no demand term), ``drain=MS`` (``backlog_drain_ms``),
-    ``gmax=N`` (``background_gate_max_waiting``), ``prog`` (a prompt in prefill counts what is left of
-    it, estimated from the rounds' clock and the step time, instead of its whole chunk), ``noadapt``
-    (the policy before issue 12), ``shipped``.
+    ``gmax=N`` (``background_gate_max_waiting``), ``shed=N`` (the background waiting bound), ``prog`` (a
+    prompt in prefill counts what is left of it, estimated from the rounds' clock and the step time,
+    instead of its whole chunk), ``noadapt`` (the policy before issue 12), ``shipped``.
     ``SIDE_WORKLOADS=seed-mix`` runs only the workloads named. One line per variant: the suite's targets
     (``bench.policies.check_targets``) with the baselines' rows of each workload's ``results.json``, the
     misses, seed-mix's figures, and (on this folder's traces) those that fell below the policy before
@@ -76,6 +77,8 @@ def floor_variant(spec: str) -> policies.Variant:
         return replace(shipped, label=spec, scheduler=replace(shipped.scheduler, budget=budget))
     if kind == "noshed":
         return replace(shipped, label=spec, shed=ShedLimits(background=0))
+    if kind == "shed":
+        return replace(shipped, label=spec, shed=ShedLimits(background=int(value)))
     raise SystemExit(f"unknown variant {spec!r}")
 
 
@@ -234,7 +237,7 @@ def count_progress() -> None:
 
 def grid_variant(spec: str) -> policies.Variant:
     shipped = policy_variant("tailcut")
-    scheduler = shipped.scheduler
+    scheduler, shed = shipped.scheduler, shipped.shed
     for part in spec.split("+"):
         key, _, value = part.partition("=")
         if key == "noadapt":
@@ -243,9 +246,11 @@ def grid_variant(spec: str) -> policies.Variant:
             scheduler = replace(scheduler, backlog_drain_ms=int(float(value)))
         elif key == "gmax":
             scheduler = replace(scheduler, background_gate_max_waiting=int(value))
+        elif key == "shed":
+            shed = replace(shed or ShedLimits.never(), background=int(value))
         elif key not in ("shipped", "nr", "dm", "ch", "prog"):
             raise SystemExit(f"unknown part {part!r}")
-    return replace(shipped, label=spec, scheduler=scheduler)
+    return replace(shipped, label=spec, scheduler=scheduler, shed=shed)
 
 
 def grid_report(
