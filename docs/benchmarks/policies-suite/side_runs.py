@@ -75,10 +75,8 @@ def floor_variant(spec: str) -> policies.Variant:
     if kind == "floor":
         budget = replace(shipped.scheduler.budget, min_tokens=int(value))
         return replace(shipped, label=spec, scheduler=replace(shipped.scheduler, budget=budget))
-    if kind == "noshed":
-        return replace(shipped, label=spec, shed=ShedLimits(background=0))
-    if kind == "shed":
-        return replace(shipped, label=spec, shed=ShedLimits(background=int(value)))
+    if kind in ("noshed", "shed"):  # noshed: shed=0, no bound
+        return replace(shipped, label=spec, shed=ShedLimits(background=int(value or 0)))
     raise SystemExit(f"unknown variant {spec!r}")
 
 
@@ -313,14 +311,13 @@ def run_grid(specs: list[str]) -> None:
             if "seed-mix" in reports:
                 figures = seed_mix_figures(reports["seed-mix"])
                 line.append("; seed-mix: " + ", ".join(f"{figure} {value:.4f}" for figure, value in figures.items()))
-            if "seed-mix" in reports and "SIDE_SUITE" not in os.environ:
-                # SEED_MIX_BEFORE was measured on this folder's traces only.
-                fell = [
-                    f"{figure} {figures[figure]:.3f} (was {before})"
-                    for figure, (before, better) in SEED_MIX_BEFORE.items()
-                    if (figures[figure] - before) * better < -0.0006
-                ]
-                line.append(f"; seed-mix below the policy before issue 12: {'; '.join(fell) or 'none'}")
+                if "SIDE_SUITE" not in os.environ:  # SEED_MIX_BEFORE was measured on this folder's traces only
+                    fell = [
+                        f"{figure} {figures[figure]:.3f} (was {before})"
+                        for figure, (before, better) in SEED_MIX_BEFORE.items()
+                        if (figures[figure] - before) * better < -0.0006
+                    ]
+                    line.append(f"; seed-mix below the policy before issue 12: {'; '.join(fell) or 'none'}")
             print(*line, flush=True)
 
 
