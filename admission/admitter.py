@@ -72,8 +72,8 @@ class Admitter:
 
     def check_capacity(self, tier: Tier) -> None:
         """Refuse with ``OverloadedError`` (429, ``Retry-After``) while the tier's queue is at its limit."""
-        if self._queue_depth is None:
-            return
+        if self._queue_depth is None or self.config.shed.limit(tier) <= 0:
+            return  # no limit to check: the queue is not counted
         waiting = self._queue_depth.waiting(tier)
         if self.config.shed.sheds(tier, waiting):
             limit = self.config.shed.limit(tier)

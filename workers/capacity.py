@@ -27,10 +27,15 @@ def engine_view(
     """Slots and KV as the scheduler sees them: free KV is the capacity minus every running request's
     reservation (``SchedRequest.reserved_kv_tokens``, per ``config.kv_reservation``). A request being
     preempted has left ``running`` already (its abort is in flight), so it is not preempted a second
-    time on the next round."""
-    running = scheduler.running.values()
+    time on the next round.
+
+    A policy that does not admit by KV (``SchedulingPolicy.admits_by_kv``: fifo, vllm-priority) is
+    not charged its reservations: its view shows the whole capacity free. It never reads the figure,
+    and summing over everything a plain server has handed its engine would cost each round time in
+    proportion to that backlog (the simulator's saturation runs hand it thousands)."""
+    running = scheduler.running
     config = scheduler.config
-    kv_tokens = sum(request.reserved_kv_tokens(config) for request in running)
+    kv_tokens = sum(request.reserved_kv_tokens(config) for request in running.values()) if scheduler.admits_by_kv else 0
     return EngineView(
         free_slots=max_running - len(running),
         free_kv_tokens=kv_capacity_tokens - kv_tokens,

@@ -30,6 +30,8 @@ class ArrivalOrder(RunningTable):
     """``fifo``: everything in arrival order, each request in one engine call."""
 
     steers_token_budget = False
+    # It admits by free slots alone: KV is the engine's own allocator's business, as in a plain server.
+    admits_by_kv = False
     # A plain engine server streams what the engine gives, however late.
     degrades = False
 

@@ -119,6 +119,7 @@ class Spent:
 
 class TailcutPolicy(RunningTable):
     steers_token_budget = True
+    admits_by_kv = True
     degrades = True
 
     def __init__(self, config: SchedulerConfig) -> None:

@@ -95,6 +95,26 @@ def test_a_full_tier_is_shed_with_its_retry_after_and_others_are_not() -> None:
     assert admitter(depth=Depth(background=10_000), shed=ShedLimits.never()).admit_tokens(tokens(5, tier="background"))
 
 
+class Uncountable(Depth):
+    """A queue too long to count: only the tiers that are shed may ask (the simulator's saturation
+    runs queue thousands per tier, and counting them at every arrival was quadratic)."""
+
+    def waiting(self, tier: Tier) -> int:
+        if tier != "background":
+            raise AssertionError(f"counted the {tier} queue, which is never shed")
+        return 0
+
+
+def test_a_tier_that_is_never_shed_is_not_counted() -> None:
+    shed = ShedLimits(realtime=0, normal=0, background=64)
+    admit = admitter(depth=Uncountable(), shed=shed)
+    assert [admit.admit_tokens(tokens(5, tier=tier)).tier for tier in ("realtime", "normal", "background")] == [
+        "realtime",
+        "normal",
+        "background",
+    ]
+
+
 def test_observing_real_lengths_moves_the_prediction() -> None:
     admit = admitter()
     first = admit.admit_tokens(tokens(10, tier="realtime", tenant="a", max_tokens=500))

@@ -4,6 +4,7 @@ of how reservations fared, the scheduler admitting by them, and the benchmark's 
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -21,6 +22,7 @@ from workers.capacity import engine_view
 from workers.engines.costmodel import PROFILES
 from workers.lifecycle import Continue, Finished, RequestLifecycle
 from workers.metrics import reservation_families
+from workers.policies import make_scheduler
 from workers.reservation import ReservationRecord, verdict
 from workers.scheduler import TailcutPolicy
 from workers.scheduling import EngineView, KvReservation, SchedRequest, SchedulerConfig
@@ -223,6 +225,21 @@ def test_the_engine_view_counts_the_running_requests_reservations() -> None:
         scheduler.schedule(EngineView(free_slots=3, free_kv_tokens=1 << 20), now_ms=10)
         view = engine_view(scheduler, max_running=10, kv_capacity_tokens=10_000, backlog={}, step_ms=20.0)
         assert view.free_kv_tokens == 10_000 - 3 * reserved, mode
+
+
+def test_the_engine_view_charges_no_reservation_to_a_policy_that_admits_by_slots_alone() -> None:
+    """fifo and vllm-priority never read the free KV (a plain server leaves it to the engine): their
+    view is not summed over what they handed the engine, however much that is."""
+    for policy in ("fifo", "vllm-priority"):
+        scheduler = make_scheduler(replace(config("max"), policy=policy))  # type: ignore[arg-type]
+        assert not scheduler.admits_by_kv
+        for index in range(3):
+            scheduler.add(make("normal", arrival_ms=index))
+        scheduler.schedule(EngineView(free_slots=3, free_kv_tokens=0), now_ms=10)
+        assert len(scheduler.running) == 3  # admitted with no free KV at all
+        view = engine_view(scheduler, max_running=10, kv_capacity_tokens=10_000, backlog={}, step_ms=20.0)
+        assert (view.free_slots, view.free_kv_tokens) == (7, 10_000), policy
+    assert TailcutPolicy(config("max")).admits_by_kv
 
 
 def test_preemption_frees_what_the_waiting_requests_reserve() -> None:
