@@ -11,8 +11,11 @@ The ``PrefixKeeper`` remembers the prompt and reply of each finished request of 
 ``ttl_ms`` and has the driver *touch* them: an engine request of one output token whose prompt is the
 turn's KV in whole blocks and one token more. The engine serves it from its prefix cache (one token
 computed), and freeing it puts the blocks at the LRU's young end again, so they outlive the blocks
-freed before. Touches come every ``period_share`` of the estimated LRU lifetime, so a kept prefix is
-touched before it can be evicted; the kept KV is at most ``max_share_of_free`` of the free KV (the
+freed before. Touches come every ``period_share`` of the estimated LRU lifetime, and sooner once the
+KV allocated since a prefix was last freed reaches ``period_share`` of the free KV (what the LRU
+evicts it after): the rate's averages lag the onset of a surge by their window, and a turn that
+finished just before one was evicted before its first touch; the count does not lag. So a kept prefix
+is touched before it can be evicted; the kept KV is at most ``max_share_of_free`` of the free KV (the
 oldest turns are let go first), so kept prefixes do not evict each other.
 
 Touching pays only where turns come back. The keeper watches the arrivals of its tiers: an arrival
@@ -35,9 +38,6 @@ from dataclasses import dataclass
 from queues.keys import Tier
 from workers.budget import PrefillRate
 
-# The allocation rate the LRU lifetime is estimated from: the higher of its averages over these two
-# windows, so a surge shortens the touch period at once and a lull lengthens it slowly.
-ALLOCATION_WINDOWS_MS = (500, 5_000)
 # A touch that found less than this share of its prefix cached ends its entry.
 EVICTED_SHARE = 0.5
 # The engine priority of a touch (lower runs first): ahead of every request, as it is one token of work.
@@ -54,6 +54,9 @@ class KeepAliveConfig:
     # A kept prefix is touched every this share of the estimated LRU lifetime, at most this often.
     period_share: float = 0.5
     min_period_ms: int = 250
+    # The allocation rate the LRU lifetime is estimated from: the highest of its averages over these
+    # windows, so a surge shortens the touch period at once and a lull lengthens it slowly.
+    allocation_windows_ms: tuple[int, ...] = (500, 5_000)
     # Touches handed out per round at most (each takes an engine slot for one step).
     max_touches_per_round: int = 16
     # Touch only while at least this share of the kept tiers' arrivals return to a kept turn.
@@ -66,6 +69,10 @@ class KeepAliveConfig:
             raise ValueError(
                 "ttl_ms must not be negative, min_period_ms and max_touches_per_round at least 1: "
                 f"{self.ttl_ms}, {self.min_period_ms}, {self.max_touches_per_round}"
+            )
+        if not self.allocation_windows_ms or min(self.allocation_windows_ms) < 1:
+            raise ValueError(
+                f"allocation_windows_ms needs at least one window of 1 ms or more: {self.allocation_windows_ms}"
             )
         for name in ("max_share_of_free", "period_share", "min_return_share", "return_smoothing"):
             value = getattr(self, name)
@@ -102,6 +109,7 @@ class _Kept:
     key: int  # the chained hash of the turn's last whole prompt block
     expires_ms: int
     touched_ms: int  # when its blocks were last freed into the LRU (its finish, then each touch)
+    touched_allocated: int  # the keeper's allocation count then
     in_flight: bool = False
 
 
@@ -137,9 +145,10 @@ class PrefixKeeper:
         self._touch_ids = itertools.count()
         self._in_flight: dict[str, str] = {}  # touch id → kept id
         self._kept_tokens = 0
+        self._allocated_tokens = 0  # KV tokens allocated since the keeper started
         # The touch period in force (``due`` sets it from the LRU lifetime).
         self.period_ms = config.ttl_ms
-        self._allocation = [PrefillRate(window_ms=window_ms) for window_ms in ALLOCATION_WINDOWS_MS]
+        self._allocation = [PrefillRate(window_ms=window_ms) for window_ms in config.allocation_windows_ms]
 
     @property
     def num_kept(self) -> int:
@@ -157,6 +166,7 @@ class PrefixKeeper:
 
     def allocated(self, num_tokens: int) -> None:
         """KV tokens entered the engine (a prompt admitted, output generated): the LRU's pace."""
+        self._allocated_tokens += num_tokens
         for rate in self._allocation:
             rate.observe(num_tokens)
 
@@ -191,7 +201,14 @@ class PrefixKeeper:
         if previous is not None:
             self._drop(previous)  # the same prompt again: the newer turn is kept
         kept = _Kept(
-            request_id, tier, tenant, token_ids[: num_whole + 1], prompt_keys[-1], now_ms + config.ttl_ms, now_ms
+            request_id,
+            tier,
+            tenant,
+            token_ids[: num_whole + 1],
+            prompt_keys[-1],
+            expires_ms=now_ms + config.ttl_ms,
+            touched_ms=now_ms,
+            touched_allocated=self._allocated_tokens,
         )
         self._kept[request_id] = kept
         self._by_touch[request_id] = None
@@ -213,8 +230,9 @@ class PrefixKeeper:
     # --- one round --------------------------------------------------------------------------------
 
     def due(self, now_ms: int, *, free_kv_tokens: int) -> list[Touch]:
-        """The touches to make now. Expired turns are let go, and the oldest while the kept KV is over
-        its share of ``free_kv_tokens``."""
+        """The touches to make now: each kept turn freed into the LRU a period ago, or with
+        ``period_share`` of ``free_kv_tokens`` allocated since (``min_period_ms`` apart at least).
+        Expired turns are let go, and the oldest while the kept KV is over its share of ``free_kv_tokens``."""
         config = self.config
         while self._kept:
             oldest = next(iter(self._kept.values()))
@@ -226,14 +244,18 @@ class PrefixKeeper:
         self.period_ms = period_ms = int(
             min(config.ttl_ms, max(config.min_period_ms, config.period_share * lifetime_ms))
         )
+        reach_tokens = config.period_share * max(0, free_kv_tokens)
         touches: list[Touch] = []
         if not self.touching:
             return touches
         for kept_id in list(itertools.islice(self._by_touch, config.max_touches_per_round)):
             kept = self._kept[kept_id]
-            if kept.touched_ms + period_ms > now_ms:
-                break  # the rest were touched later still
+            waited_ms = now_ms - kept.touched_ms
+            allocated = self._allocated_tokens - kept.touched_allocated
+            if waited_ms < config.min_period_ms or (waited_ms < period_ms and allocated < reach_tokens):
+                break  # the rest were touched later still, with less allocated since
             kept.touched_ms = now_ms
+            kept.touched_allocated = self._allocated_tokens
             self._by_touch.move_to_end(kept_id)
             if kept.in_flight:
                 continue  # its last touch is still in the engine

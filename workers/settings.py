@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, PositiveInt, field_validator, model_validator
 
 from queues.keys import BUCKETS, Bucket
 from queues.messages import DEFAULT_TENANT
@@ -81,6 +81,11 @@ class EngineSettings(BaseModel):
     )
     sim_kv_capacity_tokens: int | None = Field(
         None, ge=1, description="`sim`: KV cache tokens; default Llama-3.1-8B on an 80 GB card (about 427,000)."
+    )
+    sim_step_log: Path | None = Field(
+        None,
+        description="`sim`: write every request added and every step run to this file, one JSON line each "
+        "(`workers.engines.steplog`; `tailcut bench live --out` sets it to compare with the virtual clock).",
     )
     null_step_ms: float = Field(0.0, ge=0, le=10_000, description="`null`: time one engine step takes.")
 
@@ -221,6 +226,15 @@ class SchedulerSettings(BaseModel):
         description="Keep each finished realtime turn in the engine's prefix cache this long, for the chat's next "
         "turn (one-token touches, only while turns come back; 0: off). `tailcut` policy only.",
     )
+    keep_alive_min_period_ms: int = Field(
+        _KEEP_ALIVE.min_period_ms, ge=1, description="Touch a kept turn at most this often (every half LRU lifetime)."
+    )
+    keep_alive_allocation_windows_ms: tuple[PositiveInt, ...] = Field(
+        _KEEP_ALIVE.allocation_windows_ms,
+        min_length=1,
+        description="The windows of the KV allocation rate the LRU lifetime is estimated from (the highest "
+        "average counts), as a JSON list.",
+    )
     keep_alive_max_share: float = Field(
         _KEEP_ALIVE.max_share_of_free, ge=0, le=1, description="Kept turns' KV at most this share of the free KV."
     )
@@ -277,6 +291,8 @@ class SchedulerSettings(BaseModel):
             keep_alive=replace(
                 _KEEP_ALIVE,
                 ttl_ms=round(self.keep_alive_ttl_s * 1000),
+                min_period_ms=self.keep_alive_min_period_ms,
+                allocation_windows_ms=self.keep_alive_allocation_windows_ms,
                 max_share_of_free=self.keep_alive_max_share,
                 min_return_share=self.keep_alive_min_return_share,
             ),

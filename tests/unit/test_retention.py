@@ -58,6 +58,55 @@ def test_a_surge_of_allocations_brings_the_next_touch_forward() -> None:
     assert touched_at is not None and touched_at < 1_000, touched_at
 
 
+def test_a_turn_freed_just_before_a_surge_is_touched_before_the_surge_fills_the_free_kv() -> None:
+    """The rate's averages lag a surge's onset by their window; the KV allocated since the turn was
+    freed does not. After a lull, 6,000 of 10,000 free tokens are allocated within 300 ms: the LRU
+    evicts the turn once the rest is, so it is touched now, though the averages still see a rate that
+    would leave it a second."""
+    keep = keeper(ttl_ms=60_000, min_period_ms=250)
+    keep.due(0, free_kv_tokens=10_000)
+    keep.finished("r1", "realtime", "acme", tokens(0, 40), tokens(1000, 10), now_ms=10_000)
+    keep.due(10_000, free_kv_tokens=10_000)
+    keep.allocated(2_000)
+    assert keep.due(10_200, free_kv_tokens=10_000) == []  # under half the free KV, and a lull's rate
+    keep.allocated(4_000)
+    assert keep.due(10_200, free_kv_tokens=10_000) == []  # half of it, but not min_period_ms apart
+    (touch,) = keep.due(10_300, free_kv_tokens=10_000)
+    assert keep.period_ms > 300, "the rate alone would have touched it in time: the case proves nothing"
+    keep.touched(touch.id, num_cached_tokens=48)
+    keep.allocated(4_000)  # the count starts again at the touch
+    assert keep.due(10_600, free_kv_tokens=10_000) == []
+    keep.allocated(1_000)
+    assert len(keep.due(10_600, free_kv_tokens=10_000)) == 1
+
+
+def test_the_allocation_windows_and_the_period_floor_are_the_configured_ones() -> None:
+    # The same surge (10 KV tokens per ms for 200 ms after an idle 10 s) against 100,000 free tokens:
+    # a 100 ms window sees the surge's full rate (a 10 s LRU lifetime: touches every 5 s), a 100 s
+    # window a fiftieth of it (250 s: the period stays at the TTL) — as a live run stretched ×200 would.
+    periods = {}
+    for windows in ((100,), (100_000,)):
+        keep = keeper(ttl_ms=60_000, min_period_ms=10, allocation_windows_ms=windows)
+        keep.due(0, free_kv_tokens=100_000)
+        keep.due(10_000, free_kv_tokens=100_000)
+        for now_ms in range(10_050, 10_201, 50):
+            keep.allocated(500)
+            keep.due(now_ms, free_kv_tokens=100_000)
+        periods[windows] = keep.period_ms
+    assert periods[(100,)] == pytest.approx(5_000, rel=0.2) and periods[(100_000,)] == 60_000
+    floors = {}
+    for floor_ms in (10, 2_000):
+        full = keeper(ttl_ms=60_000, min_period_ms=floor_ms)
+        full.due(0, free_kv_tokens=1_000)
+        for now_ms in range(50, 501, 50):
+            full.allocated(5_000)  # a full engine: its LRU turns over in about 10 ms
+            full.due(now_ms, free_kv_tokens=1_000)
+        floors[floor_ms] = full.period_ms
+    assert floors == {10: 10, 2_000: 2_000}
+    with pytest.raises(ValueError, match="allocation_windows_ms"):
+        KeepAliveConfig(allocation_windows_ms=())
+
+
 def test_only_the_kept_tiers_and_turns_with_a_whole_block_are_kept() -> None:
     keep = keeper()
     keep.finished("n1", "normal", "acme", tokens(0, 400), tokens(1000, 10), now_ms=0)

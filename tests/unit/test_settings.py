@@ -78,7 +78,7 @@ def written(value: object) -> set[str]:
         return {str(value).lower()}
     if isinstance(value, float):
         return {repr(value), f"{value:g}"} | ({str(int(value))} if value.is_integer() else set())
-    if isinstance(value, list | dict):
+    if isinstance(value, list | tuple | dict):
         return {json.dumps(value), json.dumps(value, separators=(",", ":"))}
     return {str(value)}
 
