@@ -10,6 +10,13 @@ configured from the very ``SimConfig`` the virtual run uses, every time-based se
 margin) multiplied by ``time_scale``. Client-measured times are divided by ``time_scale`` back into
 simulated time, and the ratios tailcut / fifo of both sides are compared.
 
+A ratio of P99s over a 20-second trace rests on a handful of requests, and which engine step a burst
+of them lands in moves it by ±10% on the virtual clock alone; the live pipeline hands each request to
+the engine a fraction of a simulated ms after its offset, so it runs one more such phase. The virtual
+side is therefore also replayed ``REPLAYS`` times with every arrival moved by up to ``REPLAY_JITTER_MS``,
+and each live ratio is judged against the drawn trace's and against the replays' median. Both clocks
+write their engine's steps (``workers.engines.steplog``) beside the logs, to find where they part.
+
 The comparison only means something if the pipeline keeps up: the worker's log says how far the engine
 ran behind its schedule (``sim_behind``, ``sim_stopped``), the client's send lag whether the load
 generator kept the trace's offsets, and each process's CPU time who used the cores.
@@ -28,12 +35,25 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import orjson
 from rich.console import Console
 
 from api.settings import ApiSettings
 from bench.cpu import cpu_seconds, machine_cpu, self_cpu_seconds
-from bench.live_compare import LIVE_POLICIES, LivePolicy, LiveReport, LiveSetup, PolicyResult, Side, ratio_checks, side
+from bench.live_compare import (
+    LIVE_POLICIES,
+    REPLAY_JITTER_MS,
+    REPLAYS,
+    LivePolicy,
+    LiveReport,
+    LiveSetup,
+    PolicyResult,
+    Side,
+    ratio_checks,
+    side,
+)
 from bench.live_records import (
+    jittered,
     read_worker_log,
     stalled_first_tokens,
     stretch,
@@ -53,6 +73,7 @@ from tailcut.errors import FatalError
 from tailcut.models import max_model_len, served_name
 from workers.breakers import BreakerConfig
 from workers.degrade import DegradeConfig
+from workers.engines.steplog import StepLog
 
 # The live run is bounded at the virtual run's length in real time, times this, plus the extra.
 TIMEOUT_FACTOR = 1.5
@@ -66,8 +87,28 @@ def sim_config(policy: LivePolicy, setup: LiveSetup, rate_rps: float) -> SimConf
     return Job(variant, setup.load, rate_rps, setup.seed, setup.duration_s, setup.workload, setup.cost).config()
 
 
-def run_virtual(policy: LivePolicy, trace: list[Arrival], setup: LiveSetup, rate_rps: float, api: ApiSettings) -> Side:
-    run = simulate(trace, setup.workload, sim_config(policy, setup, rate_rps), duration_s=setup.duration_s, api=api)
+def steps_path(setup: LiveSetup, policy: LivePolicy, clock: str) -> Path:
+    """Where one side's engine steps go (``workers.engines.steplog``): ``clock`` ``virtual`` or ``live``."""
+    return setup.log_dir / f"{policy}-{clock}-steps.jsonl"
+
+
+def run_virtual(
+    policy: LivePolicy,
+    trace: list[Arrival],
+    setup: LiveSetup,
+    rate_rps: float,
+    api: ApiSettings,
+    *,
+    steps: Path | None = None,
+) -> Side:
+    """``policy`` on the virtual clock; ``steps``: write the engine's steps there."""
+    step_log = StepLog(steps) if steps is not None else None
+    try:
+        config = sim_config(policy, setup, rate_rps)
+        run = simulate(trace, setup.workload, config, duration_s=setup.duration_s, api=api, step_log=step_log)
+    finally:
+        if step_log is not None:
+            step_log.close()
     stats = {
         "engine_steps": run.num_steps,
         "preempted": run.num_preempted,
@@ -122,10 +163,15 @@ def worker_env(config: SimConfig, time_scale: float) -> dict[str, str]:
         "FAIR_MAX_WEIGHT": repr(scheduler.fair_max_weight),
         # The scheduler's clock-based sizes follow the stretched clock too: a window of 5 real s would
         # average over 5 / time_scale simulated s, and a backlog drained "in 20 s" would take 16 times
-        # the room at ×16. The prefix keep-alive keeps a turn for as long in simulated time.
+        # the room at ×16. The prefix keep-alive keeps a turn for as long in simulated time, and touches it
+        # as often (its period's floor and the windows of the allocation rate it is estimated from).
         "TRAFFIC_WINDOW_MS": round(scheduler.traffic_window_ms * time_scale),
         "BACKLOG_DRAIN_MS": round(scheduler.backlog_drain_ms * time_scale),
         "KEEP_ALIVE_TTL_S": repr(scheduler.keep_alive.ttl_ms / 1000 * time_scale),
+        "KEEP_ALIVE_MIN_PERIOD_MS": round(scheduler.keep_alive.min_period_ms * time_scale),
+        "KEEP_ALIVE_ALLOCATION_WINDOWS_MS": orjson.dumps(
+            [round(window_ms * time_scale) for window_ms in scheduler.keep_alive.allocation_windows_ms]
+        ).decode(),
     }
     # The breakers and the heartbeat fallback judge latencies in real time: at their own thresholds a
     # pipeline slowed ×time_scale would trip them all the time (the heartbeat ends replies with
@@ -191,7 +237,8 @@ def run_live(
                     setup.model_dir,
                     setup.log_dir,
                     env=env,
-                    worker_env=worker_env(config, setup.time_scale),
+                    worker_env=worker_env(config, setup.time_scale)
+                    | {"TAILCUT_ENGINE__SIM_STEP_LOG": str(steps_path(setup, policy, "live"))},
                     api_env=api_env(config, api, setup.time_scale),
                     log_tag=policy,
                     ready_timeout_s=READY_TIMEOUT_S,
@@ -296,7 +343,16 @@ def run(setup: LiveSetup, *, on_status: Callable[[str], None] | None = None) -> 
     rate = setup.load * capacity
     trace = poisson_trace(setup.workload, rate, seed=setup.seed, duration_s=setup.duration_s)
     api = ApiSettings()
-    virtual = {policy: run_virtual(policy, trace, setup, rate, api) for policy in setup.policies}
+    virtual = {
+        policy: run_virtual(policy, trace, setup, rate, api, steps=steps_path(setup, policy, "virtual"))
+        for policy in setup.policies
+    }
+    replays: list[dict[LivePolicy, Side]] = []
+    if set(LIVE_POLICIES) <= set(setup.policies):
+        say(f"replaying the trace {REPLAYS} times on the virtual clock, arrivals up to {REPLAY_JITTER_MS:g} ms later")
+        for seed in range(1, REPLAYS + 1):
+            moved = jittered(trace, REPLAY_JITTER_MS, seed)
+            replays.append({policy: run_virtual(policy, moved, setup, rate, api) for policy in LIVE_POLICIES})
     timeout_s = max(side.end_s for side in virtual.values()) * setup.time_scale * TIMEOUT_FACTOR + TIMEOUT_EXTRA_S
     results = []
     for policy in setup.policies:
@@ -304,7 +360,8 @@ def run(setup: LiveSetup, *, on_status: Callable[[str], None] | None = None) -> 
         say(f"{policy}: {len(trace)} requests live, about {expected_s:.0f} s (bound {timeout_s:.0f} s)")
         live = run_live(policy, trace, setup, rate, api, timeout_s)
         results.append(PolicyResult(policy, live, virtual[policy]))
-    return LiveReport(setup, capacity, rate, len(trace), results, ratio_checks(results), time.perf_counter() - started)
+    checks = ratio_checks(results, replays)
+    return LiveReport(setup, capacity, rate, len(trace), results, checks, time.perf_counter() - started)
 
 
 def command(args: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Iterable, Sequence
@@ -30,6 +31,13 @@ STALL_MS = 20.0
 def stretch(trace: Sequence[Arrival], time_scale: float) -> list[Arrival]:
     """The same requests in the same order, every offset multiplied by ``time_scale`` (real seconds)."""
     return [replace(arrival, at_s=arrival.at_s * time_scale) for arrival in trace]
+
+
+def jittered(trace: Sequence[Arrival], bound_ms: float, seed: int) -> list[Arrival]:
+    """The same requests, each arriving a seeded uniform 0 to ``bound_ms`` later, in their new order."""
+    rng = random.Random(seed)
+    moved = [replace(arrival, at_s=arrival.at_s + rng.uniform(0.0, bound_ms) / 1000) for arrival in trace]
+    return sorted(moved, key=lambda arrival: arrival.at_s)
 
 
 def to_simulated(record: RequestRecord, time_scale: float) -> RequestRecord:

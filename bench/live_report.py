@@ -12,7 +12,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from bench.live_compare import AGREEMENT_TOLERANCE, LiveReport
+from bench.live_compare import AGREEMENT_TOLERANCE, REPLAY_JITTER_MS, LiveReport
 from bench.live_records import Metric, latencies_ms
 from bench.records import record_row, write_records
 from queues.keys import TIERS
@@ -69,17 +69,39 @@ def print_report(console: Console, report: LiveReport) -> None:
     console.print(figures)
     if report.ratios:
         ratios = Table(title=f"ratios tailcut / fifo: live vs virtual (agree: within {AGREEMENT_TOLERANCE:.0%})")
-        for column in ("ratio", "live", "virtual", "live / virtual", "agree"):
+        replayed = any(check.replays for check in report.ratios)
+        columns = ["ratio", "live", "virtual", "live / virtual", "agree"]
+        if replayed:
+            columns += ["virtual replays min–max", "median", "live / median", "agree"]
+        for column in columns:
             ratios.add_column(column, justify="left" if column == "ratio" else "right")
         for check in report.ratios:
-            ratios.add_row(
+            row = [
                 check.name if check.key else f"{check.name} (extra)",
                 f"{check.live:.3f}",
                 f"{check.virtual:.3f}",
                 f"{check.off + 1:.3f}",
-                "yes" if check.agree else "[red]no[/red]",
-            )
+                _verdict(check.agree),
+            ]
+            if replayed:
+                spread = (check.virtual, *check.replays)
+                row += (
+                    [
+                        f"{min(spread):.3f}–{max(spread):.3f}",
+                        f"{check.virtual_median:.3f}",
+                        f"{check.live / check.virtual_median:.3f}",
+                        _verdict(check.agree_replays),
+                    ]
+                    if check.replays
+                    else ["", "", "", ""]
+                )
+            ratios.add_row(*row)
         console.print(ratios)
+        if replayed:
+            console.print(
+                f"replays: the trace on the virtual clock {len(report.ratios[0].replays)} more times, each arrival "
+                f"up to {REPLAY_JITTER_MS:g} simulated ms later (as late as a live run hands them to the engine)"
+            )
     health = Table(title="did the live run keep up? (real time)")
     for column in (
         "policy",
@@ -166,7 +188,16 @@ def as_dict(report: LiveReport) -> dict[str, Any]:
         "requests": report.num_requests,
         "wall_s": report.wall_s,
         "tolerance": AGREEMENT_TOLERANCE,
-        "ratios": [asdict(check) | {"live_over_virtual": check.off + 1} for check in report.ratios],
+        "ratios": [
+            asdict(check)
+            | {
+                "live_over_virtual": check.off + 1,
+                "virtual_median": check.virtual_median,
+                "live_over_virtual_median": check.live / check.virtual_median if check.virtual_median else None,
+                "agree_replays": check.agree_replays,
+            }
+            for check in report.ratios
+        ],
         "policies": [
             {
                 "policy": result.policy,
@@ -202,3 +233,7 @@ def write(report: LiveReport, out: Path) -> list[Path]:
                 series[f"{result.policy} {clock}"] = {"realtime": latencies_ms(realtime, metric, which.end_s)}
         written.append(plots.plot_cdf(series, name.upper(), out / f"live_cdf_{name}.png", note=note, log_x=True))
     return written
+
+
+def _verdict(agree: bool) -> str:
+    return "yes" if agree else "[red]no[/red]"

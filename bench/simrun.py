@@ -53,6 +53,7 @@ from workers.budget import BudgetConfig
 from workers.capacity import BudgetFollower, ChunkFollower, StepTimer, engine_view
 from workers.engines.costmodel import CostModel, kv_capacity_tokens
 from workers.engines.sim import KvAllocation, SimEngine, StepResult
+from workers.engines.steplog import StepLog
 from workers.lifecycle import Continue, EngineCall, Finished, RequestLifecycle
 from workers.policies import make_scheduler
 from workers.reservation import ReservationRecord
@@ -69,6 +70,13 @@ SIM_MAX_MODEL_LEN = 131_072
 # A plain engine server hands every request to the engine, whose own queue orders them.
 UNBOUNDED = 1 << 30
 NO_DEADLINE_S = 1e9
+# Requests sent at once to measure fifo's capacity (``fifo_capacity_rps``). The 10-90% window carries
+# the drain's composition: on long-history, whose replies vary most, 3,000 read 2-8% high; 30,000 are
+# within 0.5% of 100,000 on every workload tried (BENCHMARKS.md "Where 90% sits on long-history") and
+# take 20-45 seconds of one core.
+CAPACITY_REQUESTS = 30_000
+# Fewer leave no steady window between the first admissions and the drain.
+MIN_CAPACITY_REQUESTS = 100
 # Synthetic prompt token ids: unique per request, so only a request's own blocks are ever cache hits.
 _PROMPT_ID_BASE = 1 << 50
 
@@ -191,9 +199,12 @@ class _Request:
 class _Driver:
     """One run: the trace, the admitter, the policy, the engine, and each running request's lifecycle."""
 
-    def __init__(self, workload: Workload, config: SimConfig, admission: AdmissionConfig) -> None:
+    def __init__(
+        self, workload: Workload, config: SimConfig, admission: AdmissionConfig, step_log: StepLog | None = None
+    ) -> None:
         self.workload = workload
         self.config = config
+        self.step_log = step_log
         self.engine = SimEngine(
             config.cost,
             kv_capacity_tokens=config.kv_capacity_tokens,
@@ -311,7 +322,7 @@ class _Driver:
                 self.keeper.allocated(admitted.prompt_tokens)
             for touch in self.keeper.due(now_ms, free_kv_tokens=view.free_kv_tokens):
                 self.touches[touch.id] = touch
-                self.engine.add(touch.id, touch.token_ids, 1, priority=TOUCH_PRIORITY)
+                self._add(touch.id, touch.token_ids, 1, priority=TOUCH_PRIORITY)
         for admitted in decision.admit:
             request = self.by_id[admitted.id]
             life = RequestLifecycle(request.message, admitted, self.scheduler, reservations=self.reservations)
@@ -343,13 +354,20 @@ class _Driver:
         request.engine_id = call.engine_request_id
         self.by_engine_id[call.engine_request_id] = request
         assert request.life is not None
-        self.engine.add(
+        self._add(
             call.engine_request_id,
             call.prompt_token_ids,
             call.sampling.max_tokens,
             priority=call.priority,
             stop_after=request.arrival.output_tokens - len(request.life.generated),
         )
+
+    def _add(
+        self, engine_id: str, token_ids: list[int], max_tokens: int, *, priority: int, stop_after: int | None = None
+    ) -> None:
+        self.engine.add(engine_id, token_ids, max_tokens, priority=priority, stop_after=stop_after)
+        if self.step_log is not None:
+            self.step_log.added(self.engine, engine_id, len(token_ids), priority)
 
     def _requeue(self, request: _Request, message: RequestMessage | None = None) -> None:
         """Back to the scheduler's queue as a continuation (a yield or a preemption)."""
@@ -429,12 +447,13 @@ def simulate(
     duration_s: float,
     api: AdmissionSettings | None = None,
     on_progress: Callable[[float], None] | None = None,
+    step_log: StepLog | None = None,
 ) -> SimRun:
     """Run ``trace`` through ``config`` on the virtual clock until every request finished or
     ``config.drain_s`` after the last arrival; what is still queued then is ``unfinished``.
     ``api``: the buckets and deadlines of a live API to mirror (default admission's own); shedding
-    comes from ``config.shed``."""
-    driver = _Driver(workload, config, api.admission_config() if api is not None else AdmissionConfig())
+    comes from ``config.shed``; ``step_log``: where the engine's steps are written (left open)."""
+    driver = _Driver(workload, config, api.admission_config() if api is not None else AdmissionConfig(), step_log)
     engine = driver.engine
     records: list[SimRecord] = []
     window_tokens = dict.fromkeys(TIERS, 0)
@@ -479,6 +498,8 @@ def simulate(
             continue
         num_steps += 1
         num_engine_preempted += len(step.preempted)
+        if step_log is not None:
+            step_log.stepped(engine, step)
         kv.add(step, engine.num_running)
         if config.output_lag_steps:
             if unread is not None:
@@ -517,7 +538,12 @@ def simulate(
 
 
 def fifo_capacity_rps(
-    workload: Workload, cost: CostModel, *, seed: int, num_requests: int = 3000, base: SimConfig | None = None
+    workload: Workload,
+    cost: CostModel,
+    *,
+    seed: int,
+    num_requests: int = CAPACITY_REQUESTS,
+    base: SimConfig | None = None,
 ) -> float:
     """Saturation request rate of ``fifo``: everything arrives at once, completions per second
     between the 10% and 90% marks (leaving out the ramp-up and the draining tail).

@@ -166,7 +166,13 @@ def test_the_live_worker_runs_the_virtual_runs_engine_and_scheduler_with_times_s
     if policy == "tailcut":
         virtual = config.scheduler
         scaled = replace(virtual.budget, slack_margin_ms=virtual.budget.slack_margin_ms * 8)
-        keep_alive = replace(virtual.keep_alive, ttl_ms=virtual.keep_alive.ttl_ms * 8)
+        kept = virtual.keep_alive
+        keep_alive = replace(
+            kept,
+            ttl_ms=kept.ttl_ms * 8,
+            min_period_ms=kept.min_period_ms * 8,
+            allocation_windows_ms=tuple(window_ms * 8 for window_ms in kept.allocation_windows_ms),
+        )
         assert scheduler == replace(
             virtual,
             budget=scaled,
@@ -241,6 +247,35 @@ def test_the_ratios_are_tailcut_over_fifo_on_each_clock_and_checked_for_agreemen
     assert live_compare.ratio_checks([ours]) == []
 
 
+def test_replays_give_each_ratio_a_virtual_median_that_live_is_also_judged_against() -> None:
+    fifo = live_compare.PolicyResult("fifo", live=side(100.0, 1000.0, 6000.0), virtual=side(100.0, 1000.0, 6000.0))
+    ours = live_compare.PolicyResult("tailcut", live=side(42.0, 900.0, 5900.0), virtual=side(33.0, 880.0, 5800.0))
+    replays = [
+        {"fifo": side(fifo_ttft, 1000.0, 6000.0), "tailcut": side(ours_ttft, 880.0, 5800.0)}
+        for fifo_ttft, ours_ttft in ((100.0, 36.0), (100.0, 38.0), (50.0, 17.0), (100.0, 31.0))
+    ]
+    checks = {check.name: check for check in live_compare.ratio_checks([fifo, ours], replays)}
+    ttft = checks["realtime P99 TTFT, tailcut / fifo"]
+    assert ttft.replays == pytest.approx((0.36, 0.38, 0.34, 0.31))
+    assert ttft.virtual_median == pytest.approx(0.34)  # of 0.33 (the drawn trace) and the four replays
+    assert not ttft.agree and ttft.agree_replays  # 0.42 / 0.33 = 1.27; 0.42 / 0.34 = 1.24
+    without = {check.name: check for check in live_compare.ratio_checks([fifo, ours])}
+    assert without["realtime P99 TTFT, tailcut / fifo"].virtual_median == pytest.approx(0.33)
+    assert not without["realtime P99 TTFT, tailcut / fifo"].agree_replays
+
+
+def test_a_jittered_trace_keeps_its_requests_each_a_bounded_time_later() -> None:
+    trace = poisson_trace(SEED_MIX, 200.0, seed=0, duration_s=2.0)
+    moved = live_records.jittered(trace, 1.0, seed=3)
+    assert sorted(arrival.index for arrival in moved) == [arrival.index for arrival in trace]
+    assert [arrival.at_s for arrival in moved] == sorted(arrival.at_s for arrival in moved)
+    by_index = {arrival.index: arrival for arrival in moved}
+    shifts = [by_index[arrival.index].at_s - arrival.at_s for arrival in trace]
+    assert all(0.0 <= shift <= 0.001 for shift in shifts) and max(shifts) > 0.0009
+    assert all(replace(by_index[arrival.index], at_s=arrival.at_s) == arrival for arrival in trace)
+    assert live_records.jittered(trace, 1.0, seed=3) == moved != live_records.jittered(trace, 1.0, seed=4)
+
+
 def test_a_short_run_through_the_real_pipeline_completes_every_request(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -283,3 +318,9 @@ def test_a_short_run_through_the_real_pipeline_completes_every_request(
     assert set(stats["cpu_s"]) == {"api", "worker", "redis", "client"} and stats["machine"]["busy_share"] > 0
     assert Path(stats["worker_log"]).is_file() and stats["worker"]["outcomes"]["final"] == report["requests"]
     assert (out / "live_cdf_e2e.png").stat().st_size > 0 and (out / "live_cdf_ttft.png").stat().st_size > 0
+    # Both clocks wrote their engine's steps: every engine call added, and its first token, once.
+    for clock in ("live", "virtual"):
+        lines = [orjson.loads(line) for line in (out / f"tailcut-{clock}-steps.jsonl").read_bytes().splitlines()]
+        added = [line["add"] for line in lines if "add" in line]
+        firsts = [request_id for line in lines if "step_ms" in line for request_id in line["first"]]
+        assert sorted(firsts) == sorted(added) and len(added) >= report["requests"]

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 from pydantic import ValidationError
 
@@ -26,6 +27,7 @@ from workers.engines.filler import FillerToken, filler_token
 from workers.engines.null import NullEngine
 from workers.engines.sim import SimEngine
 from workers.engines.sim_live import RealtimeSimEngine
+from workers.engines.steplog import StepLog
 from workers.settings import EngineSettings, WorkerSettings
 
 H100 = PROFILES["h100-llama3-8b"]
@@ -70,7 +72,7 @@ def token_ids(deltas: list[EngineDelta]) -> list[int]:
     return [token for delta in deltas for token in delta.token_ids]
 
 
-def make_sim(time_scale: float = 1.0, **kwargs: object) -> RealtimeSimEngine:
+def make_sim(time_scale: float = 1.0, step_log: StepLog | None = None, **kwargs: object) -> RealtimeSimEngine:
     options: dict[str, object] = {
         "kv_capacity_tokens": 100_000,
         "policy": "priority",
@@ -78,7 +80,7 @@ def make_sim(time_scale: float = 1.0, **kwargs: object) -> RealtimeSimEngine:
     }
     options.update(kwargs)
     sim = SimEngine(H100, **options)  # type: ignore[arg-type]
-    return RealtimeSimEngine(sim, max_model_len=4096, filler=FILLER, time_scale=time_scale)
+    return RealtimeSimEngine(sim, max_model_len=4096, filler=FILLER, time_scale=time_scale, step_log=step_log)
 
 
 # --- null -------------------------------------------------------------------------------------------
@@ -188,6 +190,26 @@ async def test_realtime_sim_steps_take_exactly_the_cost_model_times_the_scale() 
     assert elapsed >= sum(step.result.duration_us for step in steps) * 2.0 / 1e6 - EPSILON_S
     assert engine.sim.now_us == steps[-1].result.end_us
     await engine.shutdown()
+
+
+async def test_realtime_sim_writes_each_request_added_and_each_step_to_its_step_log(tmp_path: Path) -> None:
+    engine = make_sim(time_scale=0.5, step_log=StepLog(tmp_path / "steps.jsonl"))
+    await asyncio.gather(
+        collect(engine, "chat", list(range(100, 140)), 3, priority=1),
+        collect(engine, "doc", list(range(1000, 1300)), 2, priority=5),
+    )
+    await engine.shutdown()  # closes the log
+    lines = [orjson.loads(line) for line in (tmp_path / "steps.jsonl").read_bytes().splitlines()]
+    adds, steps = lines[:2], lines[2:]
+    assert [(line["add"], line["prompt"], line["priority"]) for line in adds] == [("chat", 40, 1), ("doc", 300, 5)]
+    assert len(steps) == engine.num_steps == 3
+    first, second, third = steps
+    assert first["prefill"] == 340 and first["decode"] == 0 and first["ms"] == H100.step_us(340, 0) / 1000
+    assert first["prefilling"] == {"chat": 40, "doc": 300} and first["admitted"] == {"chat": 0, "doc": 0}
+    assert first["first"] == ["chat", "doc"] and first["budget"] == engine.sim.token_budget
+    assert second["step_ms"] == first["step_ms"] + first["ms"]
+    assert (second["decode"], second["prefilling"], second["first"], second["running"]) == (2, {}, [], 1)
+    assert (third["decode"], third["first"], third["running"]) == (1, [], 0)  # the doc finished in step 2
 
 
 async def test_realtime_sim_first_token_of_a_long_prompt_waits_for_its_prefill_step() -> None:

@@ -17,6 +17,7 @@ from workers.engines.filler import filler_token
 from workers.engines.null import NullEngine
 from workers.engines.sim import SimEngine
 from workers.engines.sim_live import RealtimeSimEngine
+from workers.engines.steplog import StepLog
 from workers.settings import GPU_BLOCK_SIZE, EngineSettings
 
 log = logging.getLogger("tailcut.engine")
@@ -52,7 +53,13 @@ def start_engine(settings: EngineSettings, model_dir: Path, max_model_len: int |
             policy="priority",
             output_token_id=filler.token_id,
         )
-        engine = RealtimeSimEngine(sim, max_model_len=context, filler=filler, time_scale=settings.sim_time_scale)
+        engine = RealtimeSimEngine(
+            sim,
+            max_model_len=context,
+            filler=filler,
+            time_scale=settings.sim_time_scale,
+            step_log=StepLog(settings.sim_step_log) if settings.sim_step_log is not None else None,
+        )
     log_event(
         log,
         "engine_started",

@@ -40,6 +40,7 @@ from tailcut.logs import log_event
 from workers.engines.base import EngineDelta, OutputSink
 from workers.engines.filler import FillerToken
 from workers.engines.sim import SimEngine, StepResult
+from workers.engines.steplog import StepLog
 from workers.engines.steploop import StepLoop, check_request, generate_with
 
 log = logging.getLogger("tailcut.engine")
@@ -80,6 +81,7 @@ class RealtimeSimEngine:
         filler: FillerToken,
         time_scale: float = DEFAULT_TIME_SCALE,
         history_steps: int = DEFAULT_HISTORY_STEPS,
+        step_log: StepLog | None = None,
     ) -> None:
         if time_scale <= 0 or max_model_len < 2:
             raise ValueError(f"time_scale must be positive and max_model_len at least 2: {time_scale}, {max_model_len}")
@@ -87,6 +89,7 @@ class RealtimeSimEngine:
         self._max_model_len = max_model_len
         self._filler = filler
         self._time_scale = time_scale
+        self._step_log = step_log
         # Requests in flight → prompt tokens served from the prefix cache at admission (None: not admitted yet).
         self._cached_tokens: dict[str, int | None] = {}
         # The real time the virtual clock's present (``sim.now_us``) maps to.
@@ -154,6 +157,8 @@ class RealtimeSimEngine:
         except ValueError as exc:
             raise InvalidRequestError(f"the engine refused the request: {exc}") from exc
         self._cached_tokens[request_id] = None
+        if self._step_log is not None:
+            self._step_log.added(self._sim, request_id, len(prompt_token_ids), priority)
         try:
             self._loop.open(request_id, sink)
         except Exception:
@@ -173,6 +178,8 @@ class RealtimeSimEngine:
         await self._loop.stop()
         for request_id in list(self._cached_tokens):
             self._forget(request_id)
+        if self._step_log is not None:
+            self._step_log.close()
         log_event(
             log,
             "sim_stopped",
@@ -217,6 +224,8 @@ class RealtimeSimEngine:
                 await asyncio.sleep(0)
                 continue
             num_idle_steps = 0
+            if self._step_log is not None:
+                self._step_log.stepped(sim, result)
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             self._deliver(result)
             self.num_steps += 1
