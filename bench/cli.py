@@ -176,9 +176,11 @@ def _add_policies_parser(bench_sub: argparse._SubParsersAction[argparse.Argument
     policies.add_argument("--workload", help="shipped workload name or a .json path (default seed-mix)")
     policies.add_argument(
         "--suite",
-        action="store_true",
-        help="every shipped workload (static-batch, fifo, vllm-priority, tailcut at 90/100/120%%): a targets "
-        "table per workload and a summary line",
+        nargs="?",
+        const="",
+        metavar="NAMES",
+        help="every shipped workload, or those named (comma-separated): static-batch, fifo, vllm-priority, "
+        "tailcut at 90/100/120%%, a targets table per workload and a summary line",
     )
     policies.add_argument("--cost-model", default="h100-llama3-8b", help="h100-llama3-8b or a100-llama3-8b")
     policies.add_argument("--seed", type=int, default=0, help="trace seed (same seed, same figures)")
@@ -189,6 +191,13 @@ def _add_policies_parser(bench_sub: argparse._SubParsersAction[argparse.Argument
         "0.9,1.0,1.2 with --suite)",
     )
     policies.add_argument("--jobs", type=int, help="parallel processes (default: one per core)")
+    policies.add_argument(
+        "--capacity-requests",
+        dest="capacity_requests",
+        type=int,
+        help="requests sent at once to measure fifo's capacity, which the loads are shares of (default 30,000; "
+        "fewer overstate it, long-history's by 2-8%% on 3,000, BENCHMARKS.md)",
+    )
     policies.add_argument("--out", help="folder for results.json and the plots")
     policies.set_defaults(func=cmd_policies)
 
@@ -203,13 +212,14 @@ def cmd_policies(args: argparse.Namespace) -> None:
     from tailcut.errors import FatalError
 
     workload, cost = workload_and_cost(args.workload or "seed-mix", args.cost_model)
-    if args.suite:
+    if args.suite is not None:
         policies_suite.command(args, cost)
         return
     loads = policies_suite.parse_loads(args.loads or "0.5,0.7,0.9,1.0,1.2")
     args.duration = policies.DURATION_S if args.duration is None else args.duration
     if args.duration <= 0:
         raise FatalError("--duration must be positive")
+    args.capacity_requests = policies_suite.capacity_requests(args)
     # Wide enough for the tables when the output goes to a file or a pipe.
     console = Console(width=None if sys.stdout.isatty() else 150)
     note = policies.note(cost)
@@ -237,6 +247,7 @@ def cmd_policies(args: argparse.Namespace) -> None:
             duration_s=args.duration,
             loads=loads,
             jobs=args.jobs,
+            capacity_requests=args.capacity_requests,
             on_start=started,
             on_done=done,
         )

@@ -19,7 +19,16 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from admission.shedding import ShedLimits
-from bench.simrun import SIMULATOR_NOTE, SimConfig, SimPolicyName, SimRecord, SimRun, fifo_capacity_rps, simulate
+from bench.simrun import (
+    CAPACITY_REQUESTS,
+    SIMULATOR_NOTE,
+    SimConfig,
+    SimPolicyName,
+    SimRecord,
+    SimRun,
+    fifo_capacity_rps,
+    simulate,
+)
 from bench.simrun import floor_e2e_ms as floor_of
 from bench.stats import RequestRecord, Status, TargetCheck, attainment, field_of, summarize, tpot_ms
 from bench.workloads import Workload, make_trace
@@ -304,7 +313,7 @@ def run(
     jobs: int | None = None,
     labels: Sequence[str] | None = None,
     kv: bool = True,
-    capacity_requests: int = 3000,
+    capacity_requests: int = CAPACITY_REQUESTS,
     on_done: Callable[[JobResult], None] | None = None,
     on_start: Callable[[int], None] | None = None,
 ) -> PoliciesReport:

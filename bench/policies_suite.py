@@ -25,6 +25,7 @@ from rich.console import Console
 
 from bench import policies, policies_report
 from bench.policies import JobResult, PoliciesReport
+from bench.simrun import CAPACITY_REQUESTS, MIN_CAPACITY_REQUESTS
 from bench.stats import TargetCheck
 from bench.workloads import Workload, load_workload, shipped_workloads
 from tailcut.errors import FatalError
@@ -52,7 +53,7 @@ def run_suite(
     duration_s: float = policies.DURATION_S,
     loads: Sequence[float] = SUITE_LOADS,
     jobs: int | None = None,
-    capacity_requests: int = 3000,
+    capacity_requests: int = CAPACITY_REQUESTS,
     on_workload: Callable[[Workload], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     on_done: Callable[[JobResult], None] | None = None,
@@ -145,7 +146,8 @@ def command(args: argparse.Namespace, cost: CostModel) -> None:
     loads = SUITE_LOADS if args.loads is None else parse_loads(args.loads)
     if duration_s <= 0:
         raise FatalError("--duration must be positive")
-    workloads = [load_workload(name) for name in shipped_workloads()]
+    capacity = capacity_requests(args)
+    workloads = suite_workloads(getattr(args, "suite", None) or "")
     console = Console(width=None if sys.stdout.isatty() else 150)
     note = policies.note(cost)
     console.print(f"[bold]{note}[/bold]")
@@ -175,6 +177,7 @@ def command(args: argparse.Namespace, cost: CostModel) -> None:
             duration_s=duration_s,
             loads=loads,
             jobs=args.jobs,
+            capacity_requests=capacity,
             on_workload=workload_started,
             on_start=started,
             on_done=done,
@@ -183,6 +186,26 @@ def command(args: argparse.Namespace, cost: CostModel) -> None:
     if args.out:
         path = write_suite(entries, Path(args.out), note=note, cost=cost, command=sys.argv)
         console.print(f"wrote {path} and each workload's results.json and plots in {path.parent}")
+
+
+def suite_workloads(names: str) -> list[Workload]:
+    """The shipped workloads ``names`` (comma-separated) lists, in the shipped order; every one when empty."""
+    shipped = shipped_workloads()
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = sorted(set(wanted) - set(shipped))
+    if unknown:
+        raise FatalError(f"--suite names shipped workloads ({', '.join(shipped)}), not {', '.join(unknown)}")
+    return [load_workload(name) for name in shipped if not wanted or name in wanted]
+
+
+def capacity_requests(args: argparse.Namespace) -> int:
+    """``--capacity-requests``, or the default (``simrun.CAPACITY_REQUESTS``)."""
+    value = getattr(args, "capacity_requests", None)
+    if value is None:
+        return CAPACITY_REQUESTS
+    if value < MIN_CAPACITY_REQUESTS:
+        raise FatalError(f"--capacity-requests must be at least {MIN_CAPACITY_REQUESTS}: the 10-90% window needs them")
+    return int(value)
 
 
 def parse_loads(text: str) -> tuple[float, ...]:

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.policies import Job, JobResult, run_job, variants
-from bench.simrun import SIMULATOR_NOTE, SimConfig, fifo_capacity_rps
+from bench.simrun import CAPACITY_REQUESTS, SIMULATOR_NOTE, SimConfig, fifo_capacity_rps
 from bench.workloads import Workload
 from workers.engines.costmodel import GB, CostModel, kv_capacity_tokens
 from workers.scheduling import KvReservation
@@ -132,7 +132,7 @@ def run(
     loads: Sequence[float] = LOADS,
     kv_caches: Mapping[str, int] = KV_CACHES,
     jobs: int | None = None,
-    capacity_requests: int = 3000,
+    capacity_requests: int = CAPACITY_REQUESTS,
     on_start: Callable[[int], None] | None = None,
     on_done: Callable[[JobResult], None] | None = None,
 ) -> ReservationReport:

@@ -11,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from bench import policies_suite
+from bench.simrun import CAPACITY_REQUESTS
 from bench.workloads import load_workload, shipped_workloads
 from tailcut.errors import FatalError
 from workers.engines.costmodel import PROFILES
@@ -85,3 +86,19 @@ def test_suite_and_workload_are_either_or() -> None:
         policies_suite.command(args, H100)
     with pytest.raises(FatalError, match=r"hold 0\.9, 1\.0 and 1\.2"):
         policies_suite.parse_loads("0.5,0.9")
+
+
+def test_the_capacity_measurement_takes_the_requests_asked_for_and_refuses_too_few() -> None:
+    assert policies_suite.capacity_requests(argparse.Namespace()) == CAPACITY_REQUESTS == 30_000
+    assert policies_suite.capacity_requests(argparse.Namespace(capacity_requests=None)) == CAPACITY_REQUESTS
+    assert policies_suite.capacity_requests(argparse.Namespace(capacity_requests=30_000)) == 30_000
+    with pytest.raises(FatalError, match="at least 100"):
+        policies_suite.capacity_requests(argparse.Namespace(capacity_requests=99))
+
+
+def test_the_suite_runs_the_shipped_workloads_named_or_every_one() -> None:
+    assert [workload.name for workload in policies_suite.suite_workloads("")] == shipped_workloads()
+    named = policies_suite.suite_workloads("long-history, bursty")
+    assert [workload.name for workload in named] == ["bursty", "long-history"]  # in the shipped order
+    with pytest.raises(FatalError, match="not nope"):
+        policies_suite.suite_workloads("long-history,nope")

@@ -23,9 +23,12 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     workloads at 90, 100 and 120%: ``+``-joined parts ``nr=F`` (the normal tier's room times F),
     ``ch=N`` (the prefill chunk raised to at least N instead of half the budget floor), ``dm=M`` (the
     lower tiers' demand margin; ``off``: no demand term), ``drain=MS`` (``backlog_drain_ms``),
-    ``gmax=N`` (``background_gate_max_waiting``), ``shed=N`` (the background waiting bound), ``prog`` (a
-    prompt in prefill counts what is left of it, estimated from the rounds' clock and the step time,
-    instead of its whole chunk), ``noadapt`` (the policy before issue 12), ``shipped``.
+    ``gmax=N`` (``background_gate_max_waiting``), ``shed=N`` (the background waiting bound), ``bf=N``
+    (the budget rule's floor, ``BudgetConfig.min_tokens``; the chunk follows half of it unless ``ch``
+    is given), ``prog`` (a prompt in prefill counts what is left of it, estimated from the rounds'
+    clock and the step time, instead of its whole chunk), ``pace=M`` (the lower tiers' prefill room is
+    their arrival rate and backlog times ``1 + M``, one chunk at least, with no other floor),
+    ``noadapt`` (the policy before issue 12), ``shipped``.
     ``SIDE_WORKLOADS=seed-mix`` runs only the workloads named. One line per variant: the suite's targets
     (``bench.policies.check_targets``) with the baselines' rows of each workload's ``results.json``, the
     misses, seed-mix's figures, and (on this folder's traces) those that fell below the policy before
@@ -200,6 +203,30 @@ def patch_sizes(spec: str) -> None:
             policy.prefill_chunk_tokens = property(chunk)  # type: ignore[assignment,method-assign]
         elif key == "prog":
             count_progress()
+        elif key == "pace":
+            pace_lower_tiers(float(value))
+
+
+def pace_lower_tiers(margin: float) -> None:
+    """The lower tiers' prefill room follows their arrival rate and backlog (at the current step
+    time, times ``1 + margin``), at least one chunk, instead of the most of that (plus a chunk), the
+    budget rule's room and the normal room plus a chunk: in a stretch where documents pile up, the
+    steps then grow with what the backlog term asks, not to a thousand tokens at once."""
+    room = schedmod.TailcutPolicy.room
+
+    def paced(self: Any, view: Any, now_ms: int) -> Any:
+        shipped = room(self, view, now_ms)
+        if not self.adapting:
+            return shipped
+        config = self.config
+        backlog = self._queued_tokens(list(self._normal()), view.backlog_of(tiers=("normal",)))
+        backlog += self._queued_tokens(list(self._background), view.backlog_of(tiers=("background",)))
+        rate = self._lower_rate.tokens_per_ms  # ``room`` folded this round's arrivals in already
+        demand = view.step_ms * (rate + backlog / config.backlog_drain_ms) * (1 + margin)
+        ceiling = config.budget.max_tokens - shipped.decodes - shipped.reserve
+        return replace(shipped, lower_prefill=min(ceiling, max(shipped.chunk, int(demand))))
+
+    schedmod.TailcutPolicy.room = paced  # type: ignore[method-assign]
 
 
 def count_progress() -> None:
@@ -244,9 +271,11 @@ def grid_variant(spec: str) -> policies.Variant:
             scheduler = replace(scheduler, backlog_drain_ms=int(float(value)))
         elif key == "gmax":
             scheduler = replace(scheduler, background_gate_max_waiting=int(value))
+        elif key == "bf":
+            scheduler = replace(scheduler, budget=replace(scheduler.budget, min_tokens=int(value)))
         elif key == "shed":
             shed = replace(shed or ShedLimits.never(), background=int(value))
-        elif key not in ("shipped", "nr", "dm", "ch", "prog"):
+        elif key not in ("shipped", "nr", "dm", "ch", "prog", "pace"):
             raise SystemExit(f"unknown part {part!r}")
     return replace(shipped, label=spec, scheduler=scheduler, shed=shed)
 
@@ -308,6 +337,8 @@ def run_grid(specs: list[str]) -> None:
             checks = [(each, check) for each in GRID_NAMES for check in policies.check_targets(reports[each])]
             misses = [f"{each} {check.name} = {check.value or 0:.3f}" for each, check in checks if not check.met]
             line = [f"{spec}: met {len(checks) - len(misses)}/{len(checks)};", f"missed: {'; '.join(misses) or 'none'}"]
+            floors = [f"{each} {check.value or 0:.3f}" for each, check in checks if "floor" in check.name]
+            line.append(f"; realtime P99 E2E / floor at 90%: {', '.join(floors)}")
             if "seed-mix" in reports:
                 figures = seed_mix_figures(reports["seed-mix"])
                 line.append("; seed-mix: " + ", ".join(f"{figure} {value:.4f}" for figure, value in figures.items()))
