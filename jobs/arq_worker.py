@@ -24,9 +24,9 @@ RUNNER_CTX_KEY = "tailcut_runner"
 JOB_MAX_TRIES = 5
 # A job that Redis failed under runs again after this long.
 REDIS_RETRY_DEFER_S = 2.0
-# How long a stop keeps cancelling arq's polling loop before it gives up on it (and says so).
-MAIN_TASK_STOP_S = 10.0
-MAIN_TASK_CANCEL_EVERY_S = 0.2
+# How long a stop keeps cancelling arq's polling loop (or a job) before it gives up on it (and says so).
+STOP_WAIT_S = 10.0
+CANCEL_EVERY_S = 0.2
 
 
 async def analyze_logs(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
@@ -40,13 +40,25 @@ async def analyze_logs(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str
 
 class JobsWorker(Worker):
     """arq's worker, remembering that it was told to stop: ``run_worker`` starts arq's loop again
-    after a Redis error, and must not when the stop came first (arq's stop cancels only the main
-    task it has then, which a Redis error may already have ended)."""
+    after a Redis error, and must not when the stop came first; and it waits for the stop itself,
+    not only for arq's loop to end (arq's stop cancels that loop once, and a cancel can be lost)."""
 
-    stopping = False
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stop_requested = asyncio.Event()
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_requested.is_set()
+
+    def request_stop(self) -> None:
+        """Stop picking jobs (also in a loop that is still running until the cancel reaches it);
+        ``run_worker`` ends arq's loop and returns (within ``STOP_WAIT_S``)."""
+        self.allow_pick_jobs = False
+        self.stop_requested.set()
 
     def handle_sig(self, signum: Signals) -> None:
-        self.stopping = True
+        self.request_stop()
         super().handle_sig(signum)
 
 
@@ -71,65 +83,68 @@ def build_worker(runner: JobRunner, pool: ArqRedis, *, handle_signals: bool) -> 
 
 
 async def run_worker(worker: JobsWorker) -> None:
-    """Run the arq worker until it is stopped; arq stops by cancelling its own main task.
+    """Run arq's polling loop until the worker is told to stop, then end it and return.
 
-    arq's polling loop has no error handling of its own: when Redis fails under it (a restart, a
-    Sentinel failover while no primary is known), its main task ends with the error. The jobs it
-    runs go on (each handles Redis errors itself), and the loop starts again after a pause, so the
-    process follows Redis back without a restart — unless it was told to stop meanwhile (a test's
-    teardown once hung on an arq loop started again after ``close_worker``)."""
+    arq's loop has no error handling of its own: when Redis fails under it (a restart, a Sentinel
+    failover while no primary is known), it ends with the error. The jobs it runs go on (each handles
+    Redis errors itself), and the loop starts again after a pause, so the process follows Redis back
+    without a restart — unless it was told to stop meanwhile. The stop is waited for beside the loop,
+    not through it: arq's own stop cancels the loop once, and redis-py can lose a cancel that lands
+    mid-command (the loop then polls on, and a process that waited for it never exited)."""
     while not worker.stopping:
+        main = worker.main_task = asyncio.ensure_future(worker.main())
+        stop = asyncio.ensure_future(worker.stop_requested.wait())
         try:
-            await worker.async_run()
-            return
-        except RedisError as exc:
-            if worker.stopping:
-                return
-            log_event(log, "jobs_redis_unavailable", logging.WARNING, error=str(exc), retry_s=REDIS_RETRY_DEFER_S)
-            # The pause stands as arq's main task, so a stop signal meanwhile cancels it as it would the loop.
-            worker.main_task = asyncio.ensure_future(asyncio.sleep(REDIS_RETRY_DEFER_S))
-            try:
-                await worker.main_task
-            except asyncio.CancelledError:
-                if _cancelled_from_outside():
-                    raise
-                return
+            await asyncio.wait({main, stop}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            if _cancelled_from_outside():
-                raise
-            return
-
-
-def _cancelled_from_outside() -> bool:
-    """Whether the running task itself is being cancelled (not arq cancelling its main task to stop)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+            main.cancel()
+            raise
+        finally:
+            stop.cancel()
+        error = main.exception() if main.done() and not main.cancelled() else None
+        if worker.stopping or main.cancelled():
+            break  # an error that came with the stop is the stop's (Redis going away with it)
+        if error is None:
+            return  # arq's loop ended by itself (burst mode)
+        if not isinstance(error, RedisError):
+            raise error
+        log_event(log, "jobs_redis_unavailable", logging.WARNING, error=str(error), retry_s=REDIS_RETRY_DEFER_S)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(REDIS_RETRY_DEFER_S):
+                await worker.stop_requested.wait()
+    await stop_main_task(worker)
 
 
 async def close_worker(worker: JobsWorker, pool: ArqRedis) -> None:
     """Stop the arq worker: cancel its running jobs (each cancels its requests and goes back to the
-    queue) and close the pool. Does what ``Worker.close()`` does, with redis-py's ``aclose``."""
-    worker.stopping = True
-    for task in worker.tasks.values():
-        task.cancel()
-    await _stop_main_task(worker)
-    await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
+    queue: arq's hand-back after the cancel is not cancelled again) and close the pool. Does what
+    ``Worker.close()`` does, with redis-py's ``aclose``; waits ``STOP_WAIT_S`` at most for each part."""
+    worker.request_stop()
+    jobs = [task for task in worker.tasks.values() if not task.done()]
+    for task in jobs:
+        if not task.cancelling():  # once: arq's stop (``handle_sig``) may have cancelled it already
+            task.cancel()
+    await stop_main_task(worker)
+    if jobs:
+        _done, stuck = await asyncio.wait(jobs, timeout=STOP_WAIT_S)
+        if stuck:
+            log_event(log, "jobs_did_not_stop", logging.WARNING, jobs=len(stuck), waited_s=STOP_WAIT_S)
     with contextlib.suppress(RedisError):
         await pool.delete(worker.health_check_key)
     await pool.aclose(close_connection_pool=True)
 
 
-async def _stop_main_task(worker: JobsWorker) -> None:
-    """Cancel arq's polling loop until it has ended. One cancel is not always enough: redis-py can
-    swallow a CancelledError that lands in the middle of a command, and the loop then polls on (a
-    test's teardown hung on it for minutes)."""
+async def stop_main_task(worker: JobsWorker) -> None:
+    """Cancel arq's polling loop until it has ended, for ``STOP_WAIT_S`` at most (then say so and leave
+    it). One cancel is not always enough: redis-py can swallow a CancelledError that lands in the
+    middle of a command, and the loop then polls on."""
     main = worker.main_task
     if main is None:
         return
     loop = asyncio.get_running_loop()
-    give_up_at = loop.time() + MAIN_TASK_STOP_S
+    give_up_at = loop.time() + STOP_WAIT_S
     while not main.done() and loop.time() < give_up_at:
         main.cancel()
-        await asyncio.wait({main}, timeout=MAIN_TASK_CANCEL_EVERY_S)
+        await asyncio.wait({main}, timeout=CANCEL_EVERY_S)
     if not main.done():
-        log_event(log, "jobs_poll_loop_did_not_stop", logging.WARNING, waited_s=MAIN_TASK_STOP_S)
+        log_event(log, "jobs_poll_loop_did_not_stop", logging.WARNING, waited_s=STOP_WAIT_S)

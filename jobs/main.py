@@ -85,7 +85,7 @@ async def serve(settings: JobsSettings) -> None:
                     why="Redis does not answer; the next jobs process takes the jobs once this one's lease lapses",
                 )
                 await pool.aclose(close_connection_pool=True)
-            leases.cancel()
+            runner.stop_leases()
             await asyncio.gather(leases, return_exceptions=True)
             log_event(log, "jobs_stopped", runner=settings.jobs_runner_id)
     finally:

@@ -73,22 +73,31 @@ class JobRunner:
         self.leases = JobLeases(
             redis, self.keys, settings.jobs_runner_id, beat_s=LEASE_BEAT_S, in_progress_s=settings.jobs_timeout_s + 10
         )
+        self._leases_stop = asyncio.Event()
 
     async def keep_leases(self) -> None:
-        """Renew this process's lease and run again, at once, the jobs of jobs processes that are gone
-        (until cancelled; then the lease is released, so others need not wait for it to lapse)."""
+        """Renew this process's lease and run again, at once, the jobs of jobs processes that are gone,
+        until ``stop_leases()``; then the lease is released, so others need not wait for it to lapse.
+        The loop ends on that call, not on a cancel: redis-py can lose a cancel that lands mid-command,
+        and the loop would run on (a stop that waited for it never ended)."""
         try:
-            while True:
+            while not self._leases_stop.is_set():
                 try:
                     await self.leases.renew()
                     for job_id in await self.leases.reclaim():
                         log_event(log, "job_reclaimed", logging.WARNING, job=job_id, why="its jobs process is gone")
                 except RedisError as exc:
                     log_event(log, "job_lease_failed", logging.WARNING, error=str(exc))
-                await asyncio.sleep(LEASE_BEAT_S)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(LEASE_BEAT_S):
+                        await self._leases_stop.wait()
         finally:
             with contextlib.suppress(RedisError):
                 await self.leases.release()
+
+    def stop_leases(self) -> None:
+        """End ``keep_leases`` (after the Redis command it is in, if any) and release the lease."""
+        self._leases_stop.set()
 
     @property
     def model(self) -> ServedModel:

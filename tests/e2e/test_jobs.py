@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from jobs.prompts import chunk_messages
 from queues.jobs import split_chunks
 from queues.messages import SamplingSpec
 from queues.output import read_output
-from tailcut.processes import start_child
+from tailcut.processes import Child, start_child, stop_child
 from tests.conftest import TEST_MAX_MODEL_LEN
 from tests.stack import Stack, running_jobs, running_stack
 from workers.engines.vllm_engine import VllmEngine
@@ -39,6 +40,18 @@ async def wait_for_status(client: httpx.AsyncClient, job_id: str, wanted: set[st
             return view
         assert time.monotonic() < deadline, f"job still {view['status']} after {limit_s} s: {view['progress']}"
         await asyncio.sleep(0.1)
+
+
+async def stops_on_sigterm(child: Child, within_s: float) -> bool:
+    """SIGTERM ``child`` and wait (off the event loop, which serves the test's stack) up to ``within_s``
+    for it to exit; a child still running then is killed, with its helpers."""
+    child.process.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.to_thread(child.process.wait, within_s)
+    except subprocess.TimeoutExpired:
+        stop_child(child, timeout_s=0)
+        return False
+    return True
 
 
 async def greedy_text(engine: VllmEngine, tokenizer: PromptTokenizer, messages: list[dict[str, str]], n: int) -> str:
@@ -232,8 +245,9 @@ async def test_a_job_of_a_sigkilled_jobs_process_runs_again_within_seconds(
             try:
                 view = await wait_for_status(client, job_id, {"complete", "failed", "aborted"}, 180)
             finally:
-                second.process.send_signal(signal.SIGTERM)
-                second.process.wait(timeout=30)
+                stopped = await stops_on_sigterm(second, 30)
+    # The process logs every task's stack when its stop takes over 15 s (jobs_stop_slow).
+    assert stopped, f"the jobs process did not stop within 30 s of SIGTERM:\n{second.log_tail(200)}"
     assert view["status"] == "complete", view
     assert time.monotonic() - killed_at < 150
     log = (tmp_path / "jobs-2.log").read_text()

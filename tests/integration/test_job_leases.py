@@ -4,12 +4,16 @@ only just started, is left alone."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 from arq.constants import in_progress_key_prefix
 
+from jobs.runner import LEASE_BEAT_S, JobRunner
+from jobs.settings import JobsSettings
 from queues.connection import connect
 from queues.jobs import JobLeases, JobStore
 from queues.keys import Keys
@@ -58,3 +62,25 @@ async def test_jobs_of_gone_runners_are_released_and_the_rest_kept(setup: tuple[
     await mine.release()
     other = JobLeases(redis, keys, "other", beat_s=1.0, in_progress_s=IN_PROGRESS_S)
     assert await other.reclaim() == [names["live"]]
+
+
+async def test_the_lease_loop_ends_on_its_stop_and_releases_the_lease(
+    setup: tuple[aioredis.Redis, Keys], redis_url: str, tiny_model: Path
+) -> None:
+    """A stopping jobs process ends its lease loop by ``stop_leases()``, not by a cancel (which redis-py
+    can lose mid-command, and the loop then beats on), and deletes its lease on the way out."""
+    redis, keys = setup
+    settings = JobsSettings(redis_url=redis_url, key_prefix=keys.prefix, model=str(tiny_model))
+    runner = await JobRunner.open(settings, tiny_model)
+    try:
+        lease = keys.jobs_runner(settings.jobs_runner_id)
+        beating = asyncio.create_task(runner.keep_leases())
+        async with asyncio.timeout(5):
+            while not await redis.exists(lease):
+                await asyncio.sleep(0.02)
+        runner.stop_leases()
+        async with asyncio.timeout(LEASE_BEAT_S / 2):  # at once: not after the next beat
+            await beating
+        assert not await redis.exists(lease)
+    finally:
+        await runner.close()

@@ -539,7 +539,7 @@ async def running_jobs_process(settings: JobsSettings, model_dir: Path) -> Async
         yield runner
     finally:
         await close_worker(worker, pool)
-        leases.cancel()
+        runner.stop_leases()
         await asyncio.gather(task, leases, return_exceptions=True)
         await runner.close()
 
