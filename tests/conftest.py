@@ -80,21 +80,44 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-# A test still running this long prints every asyncio task's stack, so a hang in CI says where it
-# waits (pytest-timeout only shows the event loop's select()). Below the per-test timeout of 300 s.
-WATCHDOG_S = 240
+# A test that comes within WATCHDOG_MARGIN_S of its timeout (pytest-timeout: 300 s, or its own
+# ``timeout`` mark) prints every asyncio task's stack, then is cancelled, so a hang in CI says where it
+# waits: the failure's traceback ends at the await that hung (pytest-timeout only shows the event loop's
+# select()). TAILCUT_TEST_WATCHDOG_S sets the delay itself (to check the watchdog).
+WATCHDOG_MARGIN_S = 15.0
+
+
+def _watchdog_delay_s(request: pytest.FixtureRequest) -> float | None:
+    if "TAILCUT_TEST_WATCHDOG_S" in os.environ:
+        return float(os.environ["TAILCUT_TEST_WATCHDOG_S"])
+    marker = request.node.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        timeout = float(marker.args[0])
+    elif request.config.getoption("timeout", default=None) is not None:
+        timeout = float(request.config.getoption("timeout"))
+    else:
+        timeout = float(request.config.getini("timeout") or 0)
+    return timeout - WATCHDOG_MARGIN_S if timeout > 2 * WATCHDOG_MARGIN_S else None
 
 
 @pytest.fixture(autouse=True)
-async def asyncio_watchdog() -> AsyncIterator[None]:
+async def asyncio_watchdog(request: pytest.FixtureRequest) -> AsyncIterator[None]:
     import asyncio
     import sys
 
+    delay_s = _watchdog_delay_s(request)
+    if delay_s is None:
+        yield
+        return
+
     async def dump_after_delay() -> None:
-        await asyncio.sleep(WATCHDOG_S)
-        print(f"\n--- asyncio tasks after {WATCHDOG_S} s ---", file=sys.stderr)
+        await asyncio.sleep(delay_s)
+        print(f"\n--- asyncio tasks after {delay_s:.0f} s ---", file=sys.stderr)
         for task in asyncio.all_tasks():
             task.print_stack(limit=8, file=sys.stderr)
+        for task in asyncio.all_tasks():
+            if getattr(task.get_coro(), "__qualname__", "").split(".")[-1] == request.node.originalname:
+                task.cancel(f"still running after {delay_s:.0f} s: cancelled by tests/conftest.py's watchdog")
 
     watchdog = asyncio.create_task(dump_after_delay())
     yield

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.settings import ApiSettings
 from queues import requests
-from queues.apikeys import KeyStore
+from queues.apikeys import KEY_PATTERN, KeyStore
 from tailcut.logs import formatter
 from tests.conftest import TEST_MAX_MODEL_LEN
 from tests.stack import Stack, running_api, running_stack
@@ -307,7 +307,11 @@ async def test_no_key_prompt_or_completion_text_reaches_the_logs(
     assert len(completion.strip()) >= 8, completion  # enough text that finding it would mean something
     lines = [formatter("json").format(record) + " " + formatter("text").format(record) for record in caplog.records]
     assert any("request_final" in line for line in lines)  # the run's lines were captured
-    secret = key.rsplit("_", 1)[1]
+    # The secret is URL-safe base64 and may itself hold "_": take it by the key's pattern, not by the last "_".
+    match = KEY_PATTERN.match(key)
+    assert match is not None, key
+    secret = match.group(2)
+    assert len(secret) == 43, secret
     for needle in (key, secret, prompt, "4242-SECRET-PROMPT-7777", completion.strip()):
         found = [line for line in lines if needle in line]
         assert not found, (needle, found[:2])
