@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import orjson
 import redis.asyncio as aioredis
@@ -174,7 +174,7 @@ async def read_output(
     """Events of ``request_id`` with ``from_seq <= seq <= to_seq`` from the durable output stream."""
     end = stream_id(to_seq) if to_seq is not None else "+"
     rows = await redis.xrange(keys.output(request_id), min=stream_id(from_seq), max=end)
-    return [OutputEvent.from_dict(orjson.loads(fields[EVENT_FIELD])) for _id, fields in rows]
+    return _events(rows)
 
 
 async def follow_output(
@@ -188,12 +188,22 @@ async def follow_output(
 ) -> AsyncIterator[list[OutputEvent]]:
     """The events of ``request_id`` after position ``after_seq``, straight from the durable output
     stream (what a resume reads, on any API process): what is there, then each new batch as it is
-    written (XREAD BLOCK on ``redis``, a blocking client), until the terminal event. While nothing
+    written (XREAD BLOCK on ``redis``, a blocking client), until the terminal event (again, when the
+    client's position is already at or past it). While nothing
     arrives, ``alive()`` says whether there is still something to wait for (the request's record);
     when not, the reply ends with a ``request_lost`` error."""
     key = keys.output(request_id)
     last = stream_id(after_seq) if after_seq > 0 else "0-0"
     next_seq = after_seq + 1
+    if after_seq > 0:
+        # A client that already read the end (its reply finished, then it resumed from the last id it
+        # saw) gets the terminal event once more and the stream closes: nothing comes after it.
+        ended = await redis.xrevrange(key, count=1)
+        if ended:
+            (final,) = _events(ended)
+            if final.terminal and final.seq <= after_seq:
+                yield [final]
+                return
     while True:
         reply = await redis.xread({key: last}, count=1000, block=block_ms)
         if not reply:
@@ -202,7 +212,7 @@ async def follow_output(
                 return
             continue
         rows = reply[0][1]
-        events = [OutputEvent.from_dict(orjson.loads(fields[EVENT_FIELD])) for _id, fields in rows]
+        events = _events(rows)
         last_id = rows[-1][0]
         last = last_id.decode() if isinstance(last_id, bytes) else str(last_id)
         next_seq = events[-1].seq + 1
@@ -211,6 +221,11 @@ async def follow_output(
                 yield events[: position + 1]
                 return
         yield events
+
+
+def _events(rows: Sequence[tuple[object, dict[bytes, bytes]]]) -> list[OutputEvent]:
+    """The events of output-stream entries (XRANGE, XREVRANGE or XREAD rows)."""
+    return [OutputEvent.from_dict(orjson.loads(fields[EVENT_FIELD])) for _id, fields in rows]
 
 
 async def cancel(redis: aioredis.Redis, keys: Keys, request_id: str, *, ttl_s: int) -> None:
