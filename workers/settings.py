@@ -227,7 +227,10 @@ class SchedulerSettings(BaseModel):
         "turn (one-token touches, only while turns come back; 0: off). `tailcut` policy only.",
     )
     keep_alive_min_period_ms: int = Field(
-        _KEEP_ALIVE.min_period_ms, ge=1, description="Touch a kept turn at most this often (every half LRU lifetime)."
+        _KEEP_ALIVE.min_period_ms,
+        ge=1,
+        description="Touch a kept turn at most this often (every half LRU lifetime, or once half the free KV was "
+        "allocated since the last).",
     )
     keep_alive_allocation_windows_ms: tuple[PositiveInt, ...] = Field(
         _KEEP_ALIVE.allocation_windows_ms,
