@@ -366,14 +366,15 @@ def check_targets(report: PoliciesReport) -> list[TargetCheck]:
         return float(report.row(policy, load, "background")["output_tokens_per_s"])
 
     checks: list[TargetCheck] = []
-    ours, static, fifo = rt("tailcut", 0.9), rt("static-batch", 0.9), rt("fifo", 0.9)
-    ratio = static["p99_e2e_ms"] / ours["p99_e2e_ms"]
-    checks.append(TargetCheck("90%: realtime P99 E2E, static-batch / tailcut", ratio, ">= 4", ratio >= 4))
-    ratio = ours["p99_ttft_ms"] / fifo["p99_ttft_ms"]
-    checks.append(TargetCheck("90%: realtime P99 TTFT, tailcut / fifo", ratio, "<= 0.25", ratio <= 0.25))
-    ratio = ours["p99_e2e_ms"] / ours["floor_e2e_ms"]
-    checks.append(TargetCheck("90%: realtime P99 E2E / physical floor", ratio, "<= 1.10", ratio <= 1.10))
     tiers = {mix.tier for mix in report.workload.tiers}
+    if "realtime" in tiers:
+        ours, static, fifo = rt("tailcut", 0.9), rt("static-batch", 0.9), rt("fifo", 0.9)
+        ratio = static["p99_e2e_ms"] / ours["p99_e2e_ms"]
+        checks.append(TargetCheck("90%: realtime P99 E2E, static-batch / tailcut", ratio, ">= 4", ratio >= 4))
+        ratio = ours["p99_ttft_ms"] / fifo["p99_ttft_ms"]
+        checks.append(TargetCheck("90%: realtime P99 TTFT, tailcut / fifo", ratio, "<= 0.25", ratio <= 0.25))
+        ratio = ours["p99_e2e_ms"] / ours["floor_e2e_ms"]
+        checks.append(TargetCheck("90%: realtime P99 E2E / physical floor", ratio, "<= 1.10", ratio <= 1.10))
     if "background" in tiers:
         ratio = bg_tokens("tailcut", 0.9) / bg_tokens("fifo", 0.9)
         checks.append(TargetCheck("90%: background throughput, tailcut / fifo", ratio, ">= 0.95", ratio >= 0.95))
@@ -382,16 +383,16 @@ def check_targets(report: PoliciesReport) -> list[TargetCheck]:
         ratio = ours_normal["p99_ttft_ms"] / fifo_normal["p99_ttft_ms"]
         checks.append(TargetCheck("90%: normal P99 TTFT, tailcut / fifo", ratio, "<= 1.00", ratio <= 1.0))
     for load in (0.9, 1.0):
-        ours, theirs = rt("tailcut", load), rt("vllm-priority", load)
-        ratio = ours["p99_e2e_ms"] / theirs["p99_e2e_ms"]
-        checks.append(
-            TargetCheck(f"{load:.0%}: realtime P99 E2E, tailcut / vllm-priority", ratio, "<= 0.90", ratio <= 0.90)
-        )
-        checks.append(
-            TargetCheck(
-                f"{load:.0%}: realtime attainment, tailcut", ours["attainment"], ">= 0.99", ours["attainment"] >= 0.99
+        if "realtime" in tiers:
+            ours, theirs = rt("tailcut", load), rt("vllm-priority", load)
+            ratio = ours["p99_e2e_ms"] / theirs["p99_e2e_ms"]
+            checks.append(
+                TargetCheck(f"{load:.0%}: realtime P99 E2E, tailcut / vllm-priority", ratio, "<= 0.90", ratio <= 0.90)
             )
-        )
+            attained = ours["attainment"]
+            checks.append(
+                TargetCheck(f"{load:.0%}: realtime attainment, tailcut", attained, ">= 0.99", attained >= 0.99)
+            )
         if "background" in tiers:
             ratio = bg_tokens("tailcut", load) / bg_tokens("vllm-priority", load)
             checks.append(
@@ -399,26 +400,24 @@ def check_targets(report: PoliciesReport) -> list[TargetCheck]:
                     f"{load:.0%}: background throughput, tailcut / vllm-priority", ratio, ">= 0.95", ratio >= 0.95
                 )
             )
-    overload = rt("tailcut", 1.2)
-    checks.append(
-        TargetCheck(
-            "120%: realtime attainment, tailcut", overload["attainment"], ">= 0.99", overload["attainment"] >= 0.99
-        )
-    )
+    if "realtime" in tiers:
+        attained = rt("tailcut", 1.2)["attainment"]
+        checks.append(TargetCheck("120%: realtime attainment, tailcut", attained, ">= 0.99", attained >= 0.99))
     unfinished = sum(report.row("tailcut", 1.2, tier)["unfinished"] for tier in TIERS if tier in tiers)
     checks.append(
         TargetCheck("120%: tailcut requests still queued when the drain window ends", unfinished, "0", unfinished == 0)
     )
-    shed = {tier: report.row("tailcut", 1.2, tier)["rejected"] if tier in tiers else 0 for tier in TIERS}
-    background_first = shed["background"] > 0 and shed["realtime"] == 0
-    checks.append(
-        TargetCheck(
-            "120%: excess shed as 429, background first (realtime 429s)",
-            shed["realtime"],
-            "0 while background > 0",
-            background_first,
+    if {"realtime", "background"} <= tiers:
+        shed = {tier: report.row("tailcut", 1.2, tier)["rejected"] for tier in ("realtime", "background")}
+        background_first = shed["background"] > 0 and shed["realtime"] == 0
+        checks.append(
+            TargetCheck(
+                "120%: excess shed as 429, background first (realtime 429s)",
+                shed["realtime"],
+                "0 while background > 0",
+                background_first,
+            )
         )
-    )
     return checks
 
 

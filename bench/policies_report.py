@@ -13,7 +13,7 @@ from rich.table import Table
 from bench import plots
 from bench.policies import PoliciesReport
 from bench.stats import TargetCheck
-from queues.keys import Tier
+from queues.keys import TIERS, Tier
 from workers.engines.costmodel import CostModel
 
 
@@ -23,7 +23,10 @@ def print_report(console: Console, report: PoliciesReport, checks: list[TargetCh
         f"fifo capacity {report.capacity_rps:.1f} req/s; {len(report.results) + len(report.kv_results)} runs "
         f"in {report.wall_s:.0f} s wall"
     )
+    tiers = {mix.tier for mix in report.workload.tiers}
     for tier in ("realtime", "normal"):
+        if tier not in tiers:
+            continue
         table = Table(title=f"{tier}: latency beside the floor and the background throughput left (SIMULATOR)")
         for column in (
             "policy",
@@ -68,7 +71,7 @@ def print_report(console: Console, report: PoliciesReport, checks: list[TargetCh
         kv.add_column(column, justify="left" if column == "allocation" else "right")
     for result in report.kv_results:
         stats = result.run
-        realtime = next(row for row in result.rows if row["tier"] == "realtime")
+        realtime = next((row for row in result.rows if row["tier"] == "realtime"), None)
         name = "static" if stats["kv_allocation"] == "static" else f"paged {stats['block_size']}"
         kv.add_row(
             name,
@@ -76,7 +79,7 @@ def print_report(console: Console, report: PoliciesReport, checks: list[TargetCh
             f"{stats['kv_peak_usage']:.1%}",
             f"{stats['kv_filled_share']:.1%}",
             str(stats["max_running"]),
-            _ms(realtime["p99_e2e_ms"]),
+            _ms(realtime["p99_e2e_ms"]) if realtime is not None else "-",
         )
     console.print(kv)
     console.print(targets_table(checks, "targets (WORKLOADS.md) for tailcut"))
@@ -135,6 +138,9 @@ def targets_table(checks: Sequence[TargetCheck], title: str) -> Table:
 
 def plot(report: PoliciesReport, out: Path, note: str) -> None:
     at_90 = [result for result in report.results if result.job.load == 0.9]
+    # P99 against load for the most latency-bound tier the workload has (realtime, where there is one).
+    present = {mix.tier for mix in report.workload.tiers}
+    tier = next(tier for tier in TIERS if tier in present)
     for name, attribute in (("e2e", "e2e_ms"), ("ttft", "ttft_ms")):
         series = {result.job.variant.label: getattr(result, attribute) for result in at_90}
         plots.plot_cdf(series, name.upper(), out / f"policies_cdf_{name}_90.png", note=f"90% load; {note}", log_x=True)
@@ -144,7 +150,7 @@ def plot(report: PoliciesReport, out: Path, note: str) -> None:
             for result in report.results
             if result.job.variant.policy != "static-batch"
             for row in result.rows
-            if row["tier"] == "realtime"
+            if row["tier"] == tier
         ]
         floor = None
         if name == "e2e":
@@ -152,12 +158,12 @@ def plot(report: PoliciesReport, out: Path, note: str) -> None:
                 row["load"]: row["floor_e2e_ms"]
                 for result in report.results
                 for row in result.rows
-                if row["tier"] == "realtime"
+                if row["tier"] == tier
             }
         plots.plot_p99_vs_load(
             rows,
             out / f"policies_p99_{name}_vs_load.png",
-            note=f"realtime tier (static-batch off the scale)\n{note}",
+            note=f"{tier} tier (static-batch off the scale)\n{note}",
             metric=f"P99 {name.upper()}",
             load_label="load (share of fifo capacity)",
             floor_ms=floor,

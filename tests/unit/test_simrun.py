@@ -180,3 +180,46 @@ def test_the_prefix_keep_alive_keeps_chat_histories_cached_and_costs_nothing_wit
     assert fingerprint(plain) == fingerprint(
         run("tailcut", 60.0, scheduler=SchedulerConfig(keep_alive=KeepAliveConfig(ttl_ms=0)))
     )
+
+
+@pytest.mark.parametrize(
+    ("tiers", "left_out"),
+    [
+        (
+            [{"tier": "background", "share": 1.0, "prompt_tokens": [512, 2048], "output_tokens": [64, 256], "slo": {}}],
+            ("realtime", "normal", "429"),
+        ),
+        (
+            [
+                {"tier": "realtime", "share": 0.7, "prompt_tokens": [20, 120], "output_tokens": [16, 64],
+                 "slo": {"ttft_ms": 250, "e2e_ms": 1000}},
+                {"tier": "normal", "share": 0.3, "prompt_tokens": [128, 512], "output_tokens": [64, 256],
+                 "slo": {"ttft_ms": 1000}},
+            ],
+            ("background", "429"),
+        ),
+    ],
+    ids=["background-only", "no-background"],
+)  # fmt: skip
+def test_bench_policies_runs_a_workload_without_some_tier_and_leaves_its_targets_out(
+    tmp_path: Path, tiers: list[dict[str, object]], left_out: tuple[str, ...]
+) -> None:
+    """A workload file need not have every tier (a batch-only service, a chat service without
+    background): its targets are those of the tiers it has, and the report and plots still come out."""
+    workload = tmp_path / "mine.json"
+    body = {"name": "mine", "description": "a test mix", "tenants": ["a"], "arrivals": {"process": "poisson"}}
+    workload.write_bytes(orjson.dumps({**body, "tiers": tiers}))
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "tailcut.cli", "bench", "policies", "--workload", str(workload), "--duration", "4",
+         "--loads", "0.9,1.0,1.2", "--jobs", "2", "--capacity-requests", "300", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    names = [target["name"] for target in orjson.loads((out / "results.json").read_bytes())["targets"]]
+    assert "120%: tailcut requests still queued when the drain window ends" in names
+    for word in left_out:
+        assert not [name for name in names if word in name], names
+    present = [tier["tier"] for tier in tiers]
+    assert all(any(tier in name for name in names) for tier in present), names
+    assert (out / "policies_p99_e2e_vs_load.png").read_bytes().startswith(b"\x89PNG")
