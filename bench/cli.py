@@ -285,10 +285,11 @@ def cmd_reservation(args: argparse.Namespace) -> None:
 
     from bench import reservation
     from bench.policies import JobResult
-    from bench.workloads import workload_and_cost
+    from bench.workloads import require_realtime, workload_and_cost
     from tailcut.errors import FatalError
 
     workload, cost = workload_and_cost(args.workload, args.cost_model)
+    require_realtime(workload, "tailcut bench reservation")
     try:
         loads = tuple(float(value) for value in args.loads.split(","))
     except ValueError as exc:

@@ -368,11 +368,12 @@ def command(args: Any) -> None:
     """``tailcut bench live`` (arguments from ``bench.cli``)."""
     import tempfile
 
-    from bench.workloads import workload_and_cost
+    from bench.workloads import require_realtime, workload_and_cost
     from tailcut.models import prepare_tiny
     from tailcut.settings import CommonSettings
 
     workload, cost = workload_and_cost(args.workload, args.cost_model)
+    require_realtime(workload, "tailcut bench live")
     names = tuple(name.strip() for name in args.policies.split(",") if name.strip())
     if not names or any(name not in LIVE_POLICIES for name in names) or len(set(names)) != len(names):
         raise FatalError(f"--policies must name some of {', '.join(LIVE_POLICIES)} once each, got {args.policies!r}")

@@ -372,6 +372,12 @@ def workload_and_cost(name_or_path: str, cost_model: str) -> tuple[Workload, Cos
     return workload, cost
 
 
+def require_realtime(workload: Workload, command: str) -> None:
+    """The error for a command whose figures are the realtime tier's, on a workload without one."""
+    if all(mix.tier != "realtime" for mix in workload.tiers):
+        raise FatalError(f"{command} measures the realtime tier, and workload {workload.name!r} has none")
+
+
 def shipped_workloads() -> list[str]:
     return sorted(path.stem for path in WORKLOADS_DIR.glob("*.json"))
 

@@ -22,10 +22,12 @@ from bench.workloads import (
     load_workload,
     make_trace,
     poisson_trace,
+    require_realtime,
     session_token_ids,
     shipped_workloads,
     sim_session_token_ids,
 )
+from tailcut.errors import FatalError
 from workers.engines.costmodel import PROFILES
 
 H100 = PROFILES["h100-llama3-8b"]
@@ -378,3 +380,16 @@ def test_a_session_workload_capacity_leaves_out_prefix_cache_hits_a_saturation_r
     cached = SimConfig(policy="fifo", cost=H100)
     seed_capacity = fifo_capacity_rps(SEED_MIX, H100, seed=0, num_requests=600, base=cached)
     assert seed_capacity == fifo_capacity_rps(SEED_MIX, H100, seed=0, num_requests=600)
+
+
+def test_a_realtime_measurement_on_a_workload_without_realtime_says_so() -> None:
+    require_realtime(SEED_MIX, "tailcut bench live")
+    batch_only = Workload.model_validate(
+        {
+            "name": "batch-only",
+            "tenants": ["a"],
+            "tiers": [{"tier": "background", "share": 1.0, "prompt_tokens": [512, 2048], "output_tokens": [64, 256]}],
+        }
+    )
+    with pytest.raises(FatalError, match=r"tailcut bench live measures the realtime tier.*'batch-only' has none"):
+        require_realtime(batch_only, "tailcut bench live")
