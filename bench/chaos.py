@@ -63,8 +63,11 @@ class Fault:
     at_s: float  # from the start of the load
     at: float  # time.monotonic()
     detail: str = ""
-    # A killed or stopped worker: the longest wait from the signal to the next token of a stream in flight then.
+    # A killed or stopped worker: the longest wait from the signal to the next token of a stream in flight
+    # then, over all of them and per tier (background yields to the others, so on the surviving workers
+    # its streams may wait longest by design).
     next_token_s: float | None = None
+    next_token_by_tier: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -176,16 +179,18 @@ async def wait_for_job(client: httpx.AsyncClient, job_id: str) -> dict[str, Any]
     return {**view, "status": view.get("status", "unknown") + " (still not finished)"}
 
 
-def next_token_after(fault: Fault, traces: list[StreamTrace]) -> float | None:
-    """The longest wait from ``fault`` to the next token among the streams in flight at that moment."""
-    waits = []
+def next_token_after(fault: Fault, traces: list[StreamTrace]) -> dict[str, float]:
+    """Per tier, the longest wait from ``fault`` to the next token among the streams in flight at that
+    moment (tiers with no stream in flight are absent)."""
+    waits: dict[str, float] = {}
     for trace in traces:
         times = sorted(trace.times.values())
         before = [t for t in times if t <= fault.at]
         after = [t for t in times if t > fault.at]
         if before and after:
-            waits.append(after[0] - fault.at)
-    return max(waits) if waits else None
+            tier = trace.spec.tier
+            waits[tier] = max(waits.get(tier, 0.0), after[0] - fault.at)
+    return waits
 
 
 async def run(config: ChaosConfig, model_dir: Path, log_dir: Path, progress: Progress) -> ChaosResult:
@@ -226,7 +231,8 @@ async def run(config: ChaosConfig, model_dir: Path, log_dir: Path, progress: Pro
             job_view = await wait_for_job(client, job_id)
         for fault in faults:
             if fault.kind in ("kill_worker", "stop_worker"):
-                fault.next_token_s = next_token_after(fault, traces)
+                fault.next_token_by_tier = next_token_after(fault, traces)
+                fault.next_token_s = max(fault.next_token_by_tier.values(), default=None)
         return ChaosResult(config, ready_s, traces, references, faults, poison, job_view, load_s)
     finally:
         await asyncio.to_thread(stack.stop)

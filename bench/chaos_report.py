@@ -48,9 +48,12 @@ def summary(result: ChaosResult) -> dict[str, Any]:
             and trace.replay_tokens != trace.token_ids()
         )
     ]
-    kills = [
-        fault.next_token_s for fault in result.faults if fault.kind == "kill_worker" and fault.next_token_s is not None
-    ]
+    killed = [fault for fault in result.faults if fault.kind == "kill_worker"]
+    kills = [fault.next_token_s for fault in killed if fault.next_token_s is not None]
+    kills_by_tier: dict[str, float] = {}
+    for fault in killed:
+        for tier, wait_s in fault.next_token_by_tier.items():
+            kills_by_tier[tier] = max(kills_by_tier.get(tier, 0.0), wait_s)
     counts: dict[str, Any] = {
         "accepted": len(accepted),
         "completed": outcomes.count("completed"),
@@ -71,7 +74,7 @@ def summary(result: ChaosResult) -> dict[str, Any]:
         "poison_sent": len(result.poison),
         "poison_answered_4xx": sum(1 for _what, _status, shaped in result.poison if shaped),
         "poison": [{"what": what, "status": status, "ok": shaped} for what, status, shaped in result.poison],
-        "kill_to_next_token_s": {"max": max(kills, default=None), "each": kills},
+        "kill_to_next_token_s": {"max": max(kills, default=None), "each": kills, "by_tier": kills_by_tier},
         "faults": [asdict(fault) | {"at": None} for fault in result.faults],
         "job": {key: result.job.get(key) for key in ("status", "progress", "error")},
         "duration_s": result.config.duration_s,
@@ -104,7 +107,11 @@ def print_summary(console: Console, counts: dict[str, Any]) -> None:
     )
     table.add_row("poison answered with a 4xx", f"{counts['poison_answered_4xx']} of {counts['poison_sent']}")
     kill = counts["kill_to_next_token_s"]["max"]
-    table.add_row("worst kill → next token", "—" if kill is None else f"{kill:.2f} s")
+    by_tier = counts["kill_to_next_token_s"].get("by_tier", {})
+    table.add_row(
+        "worst kill → next token",
+        "—" if kill is None else f"{kill:.2f} s" + (f" ({tier_waits(by_tier)})" if by_tier else ""),
+    )
     table.add_row("batch job", str(counts["job"]["status"]))
     console.print(table)
     faults = Table(title="faults")
@@ -112,8 +119,19 @@ def print_summary(console: Console, counts: dict[str, Any]) -> None:
     faults.add_column("fault")
     faults.add_column("what happened")
     for fault in counts["faults"]:
-        extra = f"; next token {fault['next_token_s']:.2f} s later" if fault.get("next_token_s") is not None else ""
+        extra = ""
+        if fault.get("next_token_s") is not None:
+            extra = f"; next token {fault['next_token_s']:.2f} s later"
+            if fault.get("next_token_by_tier"):
+                extra += f" ({tier_waits(fault['next_token_by_tier'])})"
         faults.add_row(f"{fault['at_s']:.0f} s", fault["kind"], fault["detail"] + extra)
     console.print(faults)
     if counts["failures"]:
         console.print("explicit failures: " + "; ".join(counts["failures"]))
+
+
+def tier_waits(by_tier: dict[str, float]) -> str:
+    """``realtime 0.41 s, background 22.90 s``: per tier, in the tiers' order."""
+    order = ("realtime", "normal", "background")
+    tiers = sorted(by_tier, key=lambda tier: (order.index(tier) if tier in order else len(order), tier))
+    return ", ".join(f"{tier} {by_tier[tier]:.2f} s" for tier in tiers)

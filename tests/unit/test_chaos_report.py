@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import io
+
+from rich.console import Console
+
 from bench.chaos import ChaosConfig, ChaosResult, Fault, next_token_after
 from bench.chaos_client import Spec, StreamTrace
-from bench.chaos_report import HEADLINE, summary
+from bench.chaos_report import HEADLINE, print_summary, summary
 
 SPEC = Spec(0, "realtime", [1, 2, 3], 3)
 
@@ -47,7 +51,24 @@ def test_outcomes_and_the_comparison_with_the_reference() -> None:
     assert counts["refused_before_acceptance"] == 1 and counts["failures"] == ["expired: late"]
 
 
-def test_the_wait_after_a_kill_is_that_of_the_streams_in_flight() -> None:
+def test_the_wait_after_a_kill_is_that_of_the_streams_in_flight_per_tier() -> None:
     traces = [trace_of((1, chunk([1])), (2, chunk([2])), (3, chunk([3])), (4, chunk([4])))]  # times 0..3
-    assert next_token_after(Fault("kill_worker", 0.0, 1.5), traces) == 0.5
-    assert next_token_after(Fault("kill_worker", 0.0, 9.0), traces) is None
+    assert next_token_after(Fault("kill_worker", 0.0, 1.5), traces) == {"realtime": 0.5}
+    assert next_token_after(Fault("kill_worker", 0.0, 9.0), traces) == {}
+    # A background stream that waits behind the other tiers after the kill is reported as its own tier's.
+    background = StreamTrace(Spec(1, "background", [4], 3), request_id="b", accepted=True)
+    for position, at in ((1, 1.0), (2, 6.0), (3, 7.0)):
+        background.see(position, chunk([position]), at)
+    kill = Fault("kill_worker", 0.0, 1.5)
+    kill.next_token_by_tier = next_token_after(kill, [*traces, background])
+    assert kill.next_token_by_tier == {"realtime": 0.5, "background": 4.5}
+    kill.next_token_s = max(kill.next_token_by_tier.values())
+    counts = summary(ChaosResult(ChaosConfig(), 1.0, [*traces, background], {}, [kill], []))
+    assert counts["kill_to_next_token_s"] == {
+        "max": 4.5,
+        "each": [4.5],
+        "by_tier": {"realtime": 0.5, "background": 4.5},
+    }
+    out = io.StringIO()
+    print_summary(Console(file=out, width=200), counts)
+    assert "4.50 s (realtime 0.50 s, background 4.50 s)" in out.getvalue()
