@@ -129,14 +129,15 @@ async def event_stream(
     last_seq: int | None = None
     state.metrics.open_streams.inc()
     try:
+        # The chat stream's role chunk leaves with the first event, as vLLM's server sends it with the
+        # first token: clients that time the first token from the first chunk with ``choices`` (vLLM's
+        # ``bench serve``) would otherwise time the queue's acceptance. The headers leave at once.
         first = renderer.opening() if opening else None
-        if first is not None:
-            yield sse(first)
+        frames: list[bytes] = [sse(first)] if first is not None else []
         async with state.drain.bounded():
             async for batch in batches:
                 # Events that arrived together leave together: one ASGI message and one socket write for
                 # the batch instead of one per chunk (a lagging API thereby writes less per chunk, not more).
-                frames: list[bytes] = []
                 if tracker is not None:
                     tracker.on_batch(batch)
                 for event in batch:
@@ -147,6 +148,7 @@ async def event_stream(
                     frames.append(DONE)
                 if frames:
                     yield b"".join(frames)
+                    frames = []
     except TimeoutError:
         # This process is stopping and its grace time is up: the request runs on; tell the client
         # where to read the rest, after which position. The frame has no id, so Last-Event-ID stays

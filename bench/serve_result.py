@@ -21,7 +21,8 @@ The figures follow vLLM 0.32's ``calculate_metrics`` and ``benchmark`` (``vllm/b
 
 Two timings differ from vLLM's client by definition, and the docs say so: tailcut's TTFT is the first
 chunk that carries text (vLLM's client takes the first chunk with ``choices``, which on a chat stream is
-the role-only opening chunk) and its E2EL ends at ``[DONE]`` (vLLM's at the last chunk with ``choices``).
+the role-only opening chunk; tailcut's API, like vLLM's server, sends that one with the first token) and
+its E2EL ends at ``[DONE]`` (vLLM's at the last chunk with ``choices``).
 """
 
 from __future__ import annotations

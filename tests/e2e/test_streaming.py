@@ -99,6 +99,31 @@ async def test_official_openai_client_streams_from_tailcut(
     assert [model.id for model in models.data] == ["tiny"]
 
 
+async def test_a_chat_streams_role_chunk_leaves_with_the_first_token_not_at_acceptance(
+    redis_url: str, tiny_model: Path, engine: VllmEngine
+) -> None:
+    """vLLM's server sends a chat stream's role-only chunk with the first token, and ``vllm bench serve``
+    times TTFT from the first chunk with ``choices``: sent at acceptance, it made a queued request's TTFT
+    read as the API's few milliseconds. Queued with no worker, a chat stream gets its headers and no chunk;
+    served, its first write is the role chunk and the first token's together."""
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": True}
+    async with running_stack(redis_url, tiny_model, None) as stack:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+            async with client.stream("POST", "/v1/chat/completions", json=chat) as response:
+                assert response.status_code == 200 and response.headers["x-tailcut-request-id"]
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await anext(response.aiter_raw())
+    async with running_stack(redis_url, tiny_model, engine) as stack:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+            async with client.stream("POST", "/v1/chat/completions", json=chat) as response:
+                first = await anext(response.aiter_raw())
+    frames = [line for line in first.split(b"\n") if line.startswith(b"data: ")]
+    assert len(frames) >= 2, first
+    assert b'"delta":{"role":"assistant","content":""}' in frames[0], frames[0]
+    assert b'"delta":{"content":' in frames[1], frames[1]
+
+
 async def test_client_disconnect_aborts_the_engine_request_within_one_second(
     redis_url: str, tiny_model: Path, engine: VllmEngine
 ) -> None:
