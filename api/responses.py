@@ -13,6 +13,8 @@ from starlette.types import Receive, Scope, Send
 
 # The last frame of an OpenAI stream.
 DONE = b"data: [DONE]\n\n"
+# An SSE comment: keeps a waiting stream's connection busy; clients skip it (OpenAI's and vLLM's do).
+PING = b": ping\n\n"
 
 
 class OrjsonResponse(Response):

@@ -156,6 +156,15 @@ class ApiSettings(AdmissionSettings, ReplySettings):
         "the idle limit of every client and proxy in front (httpx 5 s, nginx 75 s, cloud load balancers "
         "60 s): a request sent on a connection just as the server closes it fails with a reset.",
     )
+    sse_ping_s: float = Field(
+        15.0,
+        gt=0,
+        le=3600,
+        description="A stream that has written nothing for this long (a request waiting in its queue) gets "
+        "an SSE comment (`: ping`), so proxies and load balancers with an idle limit (nginx 60 s) do not cut "
+        "it; clients skip comments. Written when a look in Redis after a silence finds nothing, so at most "
+        "`TAILCUT_REPLY_POLL_MAX_S` later.",
+    )
     shed_probe_interval_s: float = Field(
         0.1,
         gt=0,

@@ -15,6 +15,7 @@ request is resumable (it was sent with an ``Idempotency-Key``): then the cancel 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
@@ -25,7 +26,7 @@ from starlette.requests import Request
 from api.errors import error_body_of
 from api.metrics import RequestTracker
 from api.render import Renderer
-from api.responses import DONE
+from api.responses import DONE, PING
 from api.shutdown import resume_hint, resume_where
 from api.state import ApiState
 from queues import output, requests
@@ -134,8 +135,14 @@ async def event_stream(
         # ``bench serve``) would otherwise time the queue's acceptance. The headers leave at once.
         first = renderer.opening() if opening else None
         frames: list[bytes] = [sse(first)] if first is not None else []
+        written_s = time.monotonic()
         async with state.drain.bounded():
             async for batch in batches:
+                if not batch:  # still waiting: a comment now and then keeps proxies from cutting the stream
+                    if time.monotonic() - written_s >= state.settings.sse_ping_s:
+                        written_s = time.monotonic()
+                        yield PING
+                    continue
                 # Events that arrived together leave together: one ASGI message and one socket write for
                 # the batch instead of one per chunk (a lagging API thereby writes less per chunk, not more).
                 if tracker is not None:
@@ -149,6 +156,7 @@ async def event_stream(
                 if frames:
                     yield b"".join(frames)
                     frames = []
+                    written_s = time.monotonic()
     except TimeoutError:
         # This process is stopping and its grace time is up: the request runs on; tell the client
         # where to read the rest, after which position. The frame has no id, so Last-Event-ID stays

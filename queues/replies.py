@@ -76,8 +76,9 @@ class ReplyStream:
                 yield event
 
     async def batches(self) -> AsyncIterator[list[OutputEvent]]:
-        """The same events, grouped as they arrived together (never empty); the last list ends with the
-        terminal event."""
+        """The same events, grouped as they arrived together; the last list ends with the terminal event.
+        An empty list says a look in Redis after a silence found nothing new: the request is still
+        there, waiting or running (a reader that writes to a client may keep its connection alive)."""
         # No timer per wait: the router's sweep wakes a reader that has heard nothing for its poll interval.
         loop = asyncio.get_running_loop()
         while True:
@@ -93,9 +94,12 @@ class ReplyStream:
             if any(event is not None for event in batch):
                 self._poll_s = FIRST_POLL_S
             ordered = await self._order(batch)
-            if first is None and not ordered and not await self._still_there():
-                yield [lost_event(self.request_id, self.next_seq)]
-                return
+            if first is None and not ordered:
+                if not await self._still_there():
+                    yield [lost_event(self.request_id, self.next_seq)]
+                    return
+                yield []
+                continue
             for position, event in enumerate(ordered):
                 if event.terminal:
                     yield ordered[: position + 1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from pathlib import Path
@@ -104,16 +105,21 @@ async def test_a_chat_streams_role_chunk_leaves_with_the_first_token_not_at_acce
 ) -> None:
     """vLLM's server sends a chat stream's role-only chunk with the first token, and ``vllm bench serve``
     times TTFT from the first chunk with ``choices``: sent at acceptance, it made a queued request's TTFT
-    read as the API's few milliseconds. Queued with no worker, a chat stream gets its headers and no chunk;
-    served, its first write is the role chunk and the first token's together."""
+    read as the API's few milliseconds. Queued with no worker, a chat stream gets its headers and no chunk,
+    only an SSE comment now and then (``TAILCUT_SSE_PING_S``: proxies cut idle streams); served, its first
+    write is the role chunk and the first token's together."""
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": True}
-    async with running_stack(redis_url, tiny_model, None) as stack:
+    async with running_stack(redis_url, tiny_model, None, sse_ping_s=0.4, reply_poll_max_s=0.5) as stack:
         async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
             async with client.stream("POST", "/v1/chat/completions", json=chat) as response:
                 assert response.status_code == 200 and response.headers["x-tailcut-request-id"]
-                with pytest.raises(TimeoutError):
-                    async with asyncio.timeout(1.0):
-                        await anext(response.aiter_raw())
+                waited: list[bytes] = []
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(4.0):
+                        async for raw in response.aiter_raw():
+                            waited.append(raw)
+    assert b"".join(waited).count(b": ping\n\n") >= 2, waited
+    assert b"".join(waited).replace(b": ping\n\n", b"") == b"", waited
     async with running_stack(redis_url, tiny_model, engine) as stack:
         async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
             async with client.stream("POST", "/v1/chat/completions", json=chat) as response:
