@@ -160,10 +160,10 @@ class ApiSettings(AdmissionSettings, ReplySettings):
         15.0,
         gt=0,
         le=3600,
-        description="A stream that has written nothing for this long (a request waiting in its queue) gets "
-        "an SSE comment (`: ping`), so proxies and load balancers with an idle limit (nginx 60 s) do not cut "
-        "it; clients skip comments. Written when a look in Redis after a silence finds nothing, so at most "
-        "`TAILCUT_REPLY_POLL_MAX_S` later.",
+        description="A stream that has written nothing for about this long (a request waiting in its queue) "
+        "gets an SSE comment (`: ping`), so proxies and load balancers with an idle limit (nginx 60 s) do not "
+        "cut it; clients skip comments. Counted from the first look in Redis that found nothing, and sent at "
+        "such a look (one every `TAILCUT_REPLY_POLL_MAX_S` at most).",
     )
     shed_probe_interval_s: float = Field(
         0.1,

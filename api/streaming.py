@@ -135,14 +135,20 @@ async def event_stream(
         # ``bench serve``) would otherwise time the queue's acceptance. The headers leave at once.
         first = renderer.opening() if opening else None
         frames: list[bytes] = [sse(first)] if first is not None else []
-        written_s = time.monotonic()
+        # Since when the source has said "nothing yet" (an empty batch) without an event between: no
+        # clock is read for a batch that is written.
+        silent_s: float | None = None
         async with state.drain.bounded():
             async for batch in batches:
                 if not batch:  # still waiting: a comment now and then keeps proxies from cutting the stream
-                    if time.monotonic() - written_s >= state.settings.sse_ping_s:
-                        written_s = time.monotonic()
+                    now_s = time.monotonic()
+                    if silent_s is None:
+                        silent_s = now_s
+                    elif now_s - silent_s >= state.settings.sse_ping_s:
+                        silent_s = now_s
                         yield PING
                     continue
+                silent_s = None
                 # Events that arrived together leave together: one ASGI message and one socket write for
                 # the batch instead of one per chunk (a lagging API thereby writes less per chunk, not more).
                 if tracker is not None:
@@ -156,7 +162,6 @@ async def event_stream(
                 if frames:
                     yield b"".join(frames)
                     frames = []
-                    written_s = time.monotonic()
     except TimeoutError:
         # This process is stopping and its grace time is up: the request runs on; tell the client
         # where to read the rest, after which position. The frame has no id, so Last-Event-ID stays

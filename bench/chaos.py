@@ -66,8 +66,12 @@ class Fault:
     # A killed or stopped worker: the longest wait from the signal to the next token of a stream in flight
     # then, over all of them and per tier (background yields to the others, so on the surviving workers
     # its streams may wait longest by design).
-    next_token_s: float | None = None
     next_token_by_tier: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def next_token_s(self) -> float | None:
+        """The longest of the tiers' waits (None: no stream was in flight)."""
+        return max(self.next_token_by_tier.values(), default=None)
 
 
 @dataclass
@@ -232,7 +236,6 @@ async def run(config: ChaosConfig, model_dir: Path, log_dir: Path, progress: Pro
         for fault in faults:
             if fault.kind in ("kill_worker", "stop_worker"):
                 fault.next_token_by_tier = next_token_after(fault, traces)
-                fault.next_token_s = max(fault.next_token_by_tier.values(), default=None)
         return ChaosResult(config, ready_s, traces, references, faults, poison, job_view, load_s)
     finally:
         await asyncio.to_thread(stack.stop)

@@ -75,7 +75,7 @@ def summary(result: ChaosResult) -> dict[str, Any]:
         "poison_answered_4xx": sum(1 for _what, _status, shaped in result.poison if shaped),
         "poison": [{"what": what, "status": status, "ok": shaped} for what, status, shaped in result.poison],
         "kill_to_next_token_s": {"max": max(kills, default=None), "each": kills, "by_tier": kills_by_tier},
-        "faults": [asdict(fault) | {"at": None} for fault in result.faults],
+        "faults": [asdict(fault) | {"at": None, "next_token_s": fault.next_token_s} for fault in result.faults],
         "job": {key: result.job.get(key) for key in ("status", "progress", "error")},
         "duration_s": result.config.duration_s,
         "load_s": round(result.load_s, 1),

@@ -189,9 +189,10 @@ async def follow_output(
     """The events of ``request_id`` after position ``after_seq``, straight from the durable output
     stream (what a resume reads, on any API process): what is there, then each new batch as it is
     written (XREAD BLOCK on ``redis``, a blocking client), until the terminal event (again, when the
-    client's position is already at or past it). While nothing
-    arrives, ``alive()`` says whether there is still something to wait for (the request's record);
-    when not, the reply ends with a ``request_lost`` error."""
+    client's position is already at or past it). While nothing arrives, ``alive()`` says whether
+    there is still something to wait for (the request's record): if so, an empty batch says so after
+    each blocking read (as ``ReplyStream.batches`` does: a reader writing to a client keeps its
+    connection alive); if not, the reply ends with a ``request_lost`` error."""
     key = keys.output(request_id)
     last = stream_id(after_seq) if after_seq > 0 else "0-0"
     next_seq = after_seq + 1
@@ -210,6 +211,7 @@ async def follow_output(
             if alive is not None and not await alive():
                 yield [lost_event(request_id, next_seq)]
                 return
+            yield []
             continue
         rows = reply[0][1]
         events = _events(rows)

@@ -4,6 +4,7 @@ tenant ownership, and ``Idempotency-Key`` answered by the one execution it names
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from pathlib import Path
@@ -147,3 +148,26 @@ async def test_a_resumable_request_whose_client_never_comes_back_is_cancelled_af
             events = await read_output(stack.redis, stack.keys, request_id, from_seq=1)
     assert stopped_after_s >= 0.5, "cancelled before the grace was over"
     assert [(event.type, event.error_code) for event in events if event.terminal] == [("error", "cancelled")]
+
+
+async def test_a_resume_of_a_request_still_in_its_queue_gets_pings_and_nothing_else(
+    redis_url: str, tiny_model: Path
+) -> None:
+    """A resume reads the durable output (``follow_output``), not the live replies: it keeps a silent
+    connection alive the same way (``TAILCUT_SSE_PING_S``), here with no worker to run the request."""
+    body = {**BODY, "max_tokens": 5}
+    async with running_stack(redis_url, tiny_model, None, sse_ping_s=0.4) as stack:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+            headers = {"Idempotency-Key": "still-queued"}
+            async with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
+                assert response.status_code == 200
+                request_id = response.headers["x-tailcut-request-id"]
+            async with client.stream("GET", f"/v1/requests/{request_id}") as response:
+                assert response.status_code == 200
+                waited: list[bytes] = []
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(5.0):
+                        async for raw in response.aiter_raw():
+                            waited.append(raw)
+    assert b"".join(waited).count(b": ping\n\n") >= 2, waited
+    assert b"".join(waited).replace(b": ping\n\n", b"") == b"", waited
