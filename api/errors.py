@@ -124,6 +124,8 @@ def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]
             return "the request needs a JSON body (Content-Type: application/json)", None
         return f"missing required field `{param}`", param
     kind, context = first.get("type"), first.get("ctx") or {}
+    if param is None and kind in ("model_attributes_type", "dict_type"):  # a list, a number, a form
+        return "the request body must be a JSON object (Content-Type: application/json)", None
     if param and kind == "string_too_short" and context.get("min_length") == 1:
         return f"`{param}` is empty; send some text", param
     if param and kind == "too_long" and context.get("max_length") == 1:

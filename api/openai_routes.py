@@ -95,6 +95,46 @@ def completion_prompt(body: CompletionRequest) -> Prompt:
     return TokenPrompt([int(token) for token in prompt])  # type: ignore[arg-type]
 
 
+# vLLM's constrained-output fields: any value asks for output tailcut does not constrain.
+CONSTRAINTS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def refuse_unsupported(body: GenerationFields) -> None:
+    """A 400 for a field whose effect tailcut would otherwise drop without a word (what the schema
+    admits of them means "none"): the client learns it must ask differently, not from a wrong reply."""
+    if body.best_of not in (None, 1):
+        raise InvalidRequestError(
+            "`best_of` must be 1: tailcut returns one completion per request; send several and pick", param="best_of"
+        )
+    if body.use_beam_search:
+        raise InvalidRequestError("beam search is not supported by tailcut", param="use_beam_search")
+    if body.logit_bias:
+        raise InvalidRequestError("`logit_bias` is not supported by tailcut yet", param="logit_bias")
+    if body.response_format is not None and body.response_format.get("type") != "text":
+        kind = body.response_format.get("type")
+        raise InvalidRequestError(
+            f"`response_format` {kind!r} is not supported: tailcut does not constrain its output yet "
+            "(only {'type': 'text'})",
+            param="response_format",
+        )
+    for name in CONSTRAINTS:
+        if getattr(body, name) is not None:
+            raise InvalidRequestError(
+                f"`{name}` is not supported: tailcut does not constrain its output yet", param=name
+            )
+    if body.prompt_logprobs is not None:
+        raise InvalidRequestError("prompt logprobs are not supported by tailcut yet", param="prompt_logprobs")
+    if isinstance(body, ChatCompletionRequest):
+        for name in ("tools", "functions"):
+            if getattr(body, name):
+                raise InvalidRequestError(f"tool calling (`{name}`) is not supported by tailcut yet", param=name)
+        for name in ("tool_choice", "function_call"):
+            if getattr(body, name) not in (None, "none", "auto"):
+                raise InvalidRequestError(
+                    f"tool calling (`{name}`) is not supported by tailcut yet; send 'none' or leave it out", param=name
+                )
+
+
 def generation_request(
     body: GenerationFields, prompt: Prompt, request: Request, *, max_tokens: int | None
 ) -> GenerationRequest:
@@ -103,6 +143,7 @@ def generation_request(
         raise InvalidRequestError("n > 1 is not supported; send n requests instead", param="n")
     if body.logprobs:
         raise InvalidRequestError("logprobs are not supported by tailcut yet", param="logprobs")
+    refuse_unsupported(body)
     header_tier = request.headers.get(TIER_HEADER)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     tier, tenant = body.tier or header_tier, request.headers.get(TENANT_HEADER) or body.user

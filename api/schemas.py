@@ -86,6 +86,18 @@ MAX_MESSAGES = 2048
 StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 
 
+# ``response_format`` as tailcut serves it: absent, or plain text.
+_NONE_OR_TEXT_FORMAT = {
+    "anyOf": [
+        {"type": "null"},
+        {"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"]},
+    ]
+}
+# ``tool_choice`` and ``function_call`` that ask for no tool (tools themselves are refused).
+_NO_TOOL_CHOICE = {"anyOf": [{"type": "null"}, {"enum": ["none", "auto"]}]}
+_NO_TOOLS = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
+
+
 class GenerationFields(RequestModel):
     """Fields shared by chat and text completions, including the vLLM extensions benchmarks send."""
 
@@ -110,6 +122,22 @@ class GenerationFields(RequestModel):
     logprobs: Annotated[
         bool | JsonInt | None, WithJsonSchema({"anyOf": [{"type": "null"}, {"const": False}, {"const": 0}]})
     ] = None
+    # Not supported either, and refused rather than ignored: a reply that silently dropped one of these
+    # (free text where JSON was asked for, one sample where the best of several was) would look like an
+    # answer to the request that was sent. The schema admits only the values that mean "none".
+    best_of: Annotated[JsonInt | None, WithJsonSchema({"anyOf": [{"type": "null"}, {"const": 1}]})] = None
+    logit_bias: Annotated[
+        dict[str, Any] | None, WithJsonSchema({"anyOf": [{"type": "null"}, {"type": "object", "maxProperties": 0}]})
+    ] = None
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema(_NONE_OR_TEXT_FORMAT)] = None
+    use_beam_search: Annotated[bool, WithJsonSchema({"type": "boolean", "const": False})] = False
+    # vLLM's extensions for constrained output and prompt log-probabilities.
+    structured_outputs: Annotated[Any, WithJsonSchema({"type": "null"})] = None
+    guided_json: Annotated[Any, WithJsonSchema({"type": "null"})] = None
+    guided_regex: Annotated[Any, WithJsonSchema({"type": "null"})] = None
+    guided_choice: Annotated[Any, WithJsonSchema({"type": "null"})] = None
+    guided_grammar: Annotated[Any, WithJsonSchema({"type": "null"})] = None
+    prompt_logprobs: Annotated[Any, WithJsonSchema({"type": "null"})] = None
     user: str | None = None
     # tailcut: the SLO tier (also header X-Tailcut-Tier) and token ids in every chunk.
     tier: Annotated[
@@ -122,6 +150,11 @@ class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: PositiveJsonInt | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=INT32), BeforeValidator(_json_int)] | None = None
+    # Tool calling is not supported (a 400 says so); an empty list and a choice of no tool are no-ops.
+    tools: Annotated[list[Any] | None, WithJsonSchema(_NO_TOOLS)] = None
+    functions: Annotated[list[Any] | None, WithJsonSchema(_NO_TOOLS)] = None
+    tool_choice: Annotated[str | dict[str, Any] | None, WithJsonSchema(_NO_TOOL_CHOICE)] = None
+    function_call: Annotated[str | dict[str, Any] | None, WithJsonSchema(_NO_TOOL_CHOICE)] = None
 
 
 NonEmptyText = Annotated[str, Field(min_length=1)]

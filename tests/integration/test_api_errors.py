@@ -54,6 +54,33 @@ CASES: list[tuple[str, str, dict[str, Any] | bytes, dict[str, str], int, str, st
     ("long stop", CHAT, {"messages": HELLO, "stop": "x" * 1001}, {}, 400, "at most 1000 characters", "stop"),
     ("many stop ids", CHAT, {"messages": HELLO, "stop_token_ids": [1] * 65}, {}, 400, "at most 64", "stop_token_ids"),
     ("too many messages", CHAT, {"messages": HELLO * 2049}, {}, 400, "at most 2048 items", "messages"),
+    ("body not an object", CHAT, b"[1, 2]", {}, 400, "must be a JSON object", None),
+    # What tailcut does not do is refused, not ignored: the reply would look like an answer to what was sent.
+    ("best of two", "/v1/completions", {"prompt": "hi", "best_of": 2}, {}, 400, "one completion", "best_of"),
+    ("beam search", CHAT, {"messages": HELLO, "use_beam_search": True}, {}, 400, "beam search", "use_beam_search"),
+    ("logit bias", CHAT, {"messages": HELLO, "logit_bias": {"50256": -100}}, {}, 400, "logit_bias", "logit_bias"),
+    (
+        "json mode",
+        CHAT,
+        {"messages": HELLO, "response_format": {"type": "json_object"}},
+        {},
+        400,
+        "'json_object' is not supported",
+        "response_format",
+    ),
+    ("vLLM guided json", "/v1/completions", {"prompt": "hi", "guided_json": {}}, {}, 400, "constrain", "guided_json"),
+    (
+        "prompt logprobs",
+        "/v1/completions",
+        {"prompt": "hi", "prompt_logprobs": 1},
+        {},
+        400,
+        "prompt logp",
+        "prompt_logprobs",
+    ),
+    ("tools", CHAT, {"messages": HELLO, "tools": [{"type": "function"}]}, {}, 400, "tool calling", "tools"),
+    ("tool required", CHAT, {"messages": HELLO, "tool_choice": "required"}, {}, 400, "tool calling", "tool_choice"),
+    ("functions", CHAT, {"messages": HELLO, "functions": [{"name": "f"}]}, {}, 400, "tool calling", "functions"),
 ]
 
 
@@ -79,6 +106,24 @@ async def test_every_bad_input_gets_its_status_and_a_message_that_says_what_to_f
                 assert error["param"] == param, (name, error)
         # Nothing above was enqueued: every refusal happened before the XADD.
         assert all([await stack.redis.xlen(stream) == 0 for stream in stack.keys.intake_all()])
+
+
+async def test_the_values_of_unsupported_fields_that_mean_none_are_accepted(redis_url: str, tiny_model: Path) -> None:
+    """Clients that send the "none" value of a field tailcut refuses (an empty tool list, no tool choice,
+    plain text) are served: streamed, so acceptance answers at once with no worker running."""
+    nones: list[tuple[str, dict[str, Any]]] = [
+        (CHAT, {"tools": [], "tool_choice": "none", "functions": None, "function_call": "auto"}),
+        (CHAT, {"response_format": {"type": "text"}, "logit_bias": {}, "best_of": 1, "use_beam_search": False}),
+        ("/v1/completions", {"guided_json": None, "structured_outputs": None, "prompt_logprobs": None}),
+    ]
+    async with running_stack(redis_url, tiny_model, None) as stack:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as client:
+            for path, fields in nones:
+                body = {"messages": HELLO} if path == CHAT else {"prompt": "hello"}
+                async with client.stream("POST", path, json={**body, **fields, "stream": True}) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                    assert response.status_code == 200, (fields, response.text)
 
 
 async def test_redis_down_gives_503_within_one_second(tiny_model: Path, free_port: int) -> None:
