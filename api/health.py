@@ -14,14 +14,23 @@ from api.responses import OrjsonResponse
 from api.state import ApiState
 from api.status import live_workers
 from queues.breakers import STATE_VALUES, read_breakers
+from tailcut import __version__
 
 router = APIRouter()
 
 
 @router.get("/healthz")
+@router.get("/health")  # vLLM's server's path, which probes and load balancers set up for it check
 async def healthz() -> OrjsonResponse:
-    """The process is up and its event loop answers."""
+    """The process is up and its event loop answers (liveness: an API process with no worker alive
+    still takes requests, which wait in Redis; readiness is ``/readyz``)."""
     return OrjsonResponse({"status": "ok"})
+
+
+@router.get("/version")
+async def version() -> OrjsonResponse:
+    """tailcut's version (the route vLLM's server answers with its own)."""
+    return OrjsonResponse({"version": __version__})
 
 
 @router.get("/readyz")

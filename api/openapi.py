@@ -42,6 +42,8 @@ ADMIN = (401, 403, 404, 503)
 # The statuses each route answers besides its success; a path not listed answers API.
 ROUTE_ERRORS: dict[str, tuple[int, ...]] = {
     "/healthz": (),
+    "/health": (),
+    "/version": (),
     "/readyz": (503,),
     "/metrics": (401, 403),
     "/status/data": (401, 403, 503),

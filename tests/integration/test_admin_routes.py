@@ -27,6 +27,7 @@ from queues.apikeys import KeyStore
 from queues.breakers import read_breakers
 from queues.messages import OutputEvent
 from queues.output import OutputWriter, read_output
+from tailcut import __version__
 from tailcut.processes import Child, free_port, start_child, stop_child
 from tests.conftest import TEST_MAX_MODEL_LEN
 from tests.sse import DONE, frames
@@ -139,8 +140,10 @@ async def test_with_keys_on_an_admin_key_is_needed_for_admin_routes_metrics_and_
             opened = await client.get("/status", headers=basic(admin))
             assert opened.status_code == 200 and "status/data" in opened.text
             assert (await client.get("/status/data", headers=basic(admin))).status_code == 200
-            # The probes need nothing.
+            # The probes need nothing: tailcut's, and vLLM's server's paths that probes set up for it check.
             assert (await client.get("/healthz")).status_code == 200
+            assert (await client.get("/health")).json() == {"status": "ok"}
+            assert (await client.get("/version")).json() == {"version": __version__}
 
 
 # --- draining a worker ----------------------------------------------------------------------------------
