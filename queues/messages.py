@@ -79,6 +79,9 @@ class RequestMessage:
     next_seq: int = 1
     # Epoch ms of the continuation's last output (0: none yet): how long it has waited to resume.
     last_output_ms: int = 0
+    # Text of generated tokens not sent yet: the end of the last engine call, held back because it may
+    # begin a stop string that the next call completes (``workers.lifecycle``).
+    held_text: str = ""
 
     def dumps(self) -> bytes:
         return orjson.dumps(self)
@@ -113,6 +116,9 @@ class OutputEvent:
     # On a ``degraded`` event and on the final event after it: what the client gets instead of the
     # full reply and why, e.g. {"degraded": "summary", "reason": "heartbeat", "gap_ms": 734}.
     degraded: dict[str, str | int] | None = None
+    # Worker-side only (clients never see it): the reply's text held back after this chunk, so a worker
+    # that takes the request over resumes with it (``RequestMessage.held_text``).
+    held: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -125,9 +131,10 @@ class OutputEvent:
         """The event's wire form (an output stream entry, an element of a reply-channel batch): the
         fields that differ from their defaults, so a chunk carries only its position, text and tokens."""
         if self.type == "chunk":
-            return orjson.dumps(
-                {"rid": self.rid, "seq": self.seq, "type": "chunk", "text": self.text, "token_ids": self.token_ids}
-            )
+            chunk = {"rid": self.rid, "seq": self.seq, "type": "chunk", "text": self.text, "token_ids": self.token_ids}
+            if self.held:
+                chunk["held"] = self.held
+            return orjson.dumps(chunk)
         return orjson.dumps(
             {name: value for name, default in _EVENT_DEFAULTS if (value := getattr(self, name)) != default}
         )

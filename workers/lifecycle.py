@@ -79,6 +79,10 @@ class RequestLifecycle:
         self.degraded: dict[str, str | int] | None = None
         self.summarising = False
         self.max_tokens = message.sampling.max_tokens  # lowered by ``cap``
+        # Stop strings are found here, across engine calls (``_stop_strings``), not by the engine.
+        self._hold_chars = max((len(stop) for stop in message.sampling.stop), default=1) - 1
+        self.held_text = message.held_text  # the reply's last characters not sent yet
+        self.stopped_here = False  # a stop string ended the reply here: the caller ends the call ("stop")
 
     @property
     def id(self) -> str:
@@ -103,7 +107,9 @@ class RequestLifecycle:
         call = EngineCall(
             engine_request_id=f"{self.id}-{self.message.attempt}-{self.slice_index}",
             prompt_token_ids=self.message.prompt_token_ids + self.generated,
-            sampling=replace(self.message.sampling, max_tokens=limit, min_tokens=max(0, min(min_tokens, limit))),
+            sampling=replace(
+                self.message.sampling, max_tokens=limit, min_tokens=max(0, min(min_tokens, limit)), stop=[]
+            ),
             priority=self._scheduler.engine_priority(self.request),
         )
         self.slice_index += 1
@@ -114,6 +120,16 @@ class RequestLifecycle:
     @property
     def remaining_tokens(self) -> int:
         return self.max_tokens - len(self.generated)
+
+    def release_held(self) -> OutputEvent | None:
+        """The text held back in case it began a stop string, as a chunk of its own, when the reply goes
+        on as something no stop string is searched in (a summary); None when nothing is held."""
+        if not self.held_text:
+            return None
+        event = OutputEvent(rid=self.id, seq=self.seq, type="chunk", text=self.held_text)
+        self.held_text = ""
+        self.seq += 1
+        return event
 
     def degrade(self, *, reason: str, gap_ms: int) -> OutputEvent:
         """Stop full decoding: the ``degraded`` event to emit before the summary (``summary_call``)."""
@@ -149,14 +165,24 @@ class RequestLifecycle:
         return call
 
     def on_output(
-        self, token_ids: list[int], text: str, *, event: bool = True, unsent: OutputEvent | None = None
+        self,
+        token_ids: list[int],
+        text: str,
+        *,
+        event: bool = True,
+        unsent: OutputEvent | None = None,
+        finish_reason: str | None = None,
     ) -> OutputEvent | None:
         """New output of the current call; the chunk event to emit, if there is anything to say.
         ``event=False``: advance the same, without building the event (the simulator sends nothing).
         ``unsent``: this request's newest chunk, still waiting to be written (``OutputWriter.unsent_chunk``):
-        the output joins it, at its position, and there is nothing new to emit."""
-        if not token_ids and not text:
+        the output joins it, at its position, and there is nothing new to emit. ``finish_reason``: the
+        engine's, when this is the call's last output. Afterwards ``stopped_here`` says whether a stop
+        string across calls ended the reply (the caller ends the call: its finish reason is "stop")."""
+        if not token_ids and not text and not (finish_reason and self.held_text):
             return None
+        if self.message.sampling.stop and not self.summarising:
+            text = self._stop_strings(text, len(token_ids), finish_reason)
         if not self.call_tokens:
             # Its prompt no longer takes budget: the next round may admit more.
             self._scheduler.prefilled(self.id)
@@ -165,12 +191,39 @@ class RequestLifecycle:
         if unsent is not None and unsent.rid == self.id and unsent.seq == self.seq - 1 and unsent.type == "chunk":
             unsent.token_ids += token_ids
             unsent.text += text
+            unsent.held = self.held_text
             return None
         seq = self.seq
         self.seq += 1
         if not event:
             return None
-        return OutputEvent(rid=self.id, seq=seq, type="chunk", text=text, token_ids=token_ids)
+        return OutputEvent(rid=self.id, seq=seq, type="chunk", text=text, token_ids=token_ids, held=self.held_text)
+
+    def _stop_strings(self, text: str, num_tokens: int, finish_reason: str | None) -> str:
+        """The text to send of the current call's new ``text``: the request's stop strings are found
+        here, not by the engine (``next_call`` leaves them out of the engine call).
+
+        The engine would find them within one call only: it reads the earlier calls' tokens as prompt,
+        so a stop string that began in one call's last characters and ended in the next call's was not
+        its to find, and the characters it holds back in case they begin one were lost when a call was
+        aborted (a preemption, a stop). So the last ``longest stop − 1`` characters are held here
+        (``held_text``, which a continuation and the written chunks carry on) until the text after them
+        shows no stop string begins there; a stop string ends the reply where it begins (it is not
+        sent, as vLLM's are not), and only past ``min_tokens``, as vLLM does."""
+        pending = self.held_text + text
+        if len(self.generated) + num_tokens > self.message.sampling.min_tokens:
+            starts = [pending.find(stop) for stop in self.message.sampling.stop]
+            cut = min((start for start in starts if start >= 0), default=None)
+            if cut is not None:
+                self.held_text, self.stopped_here = "", True
+                return pending[:cut]
+        goes_on = finish_reason == "length" and len(self.generated) + num_tokens < self.max_tokens
+        if finish_reason is not None and not goes_on:  # the reply ends with this output: nothing to hold
+            self.held_text = ""
+            return pending
+        keep = min(len(pending), self._hold_chars)
+        self.held_text = pending[len(pending) - keep :]
+        return pending[: len(pending) - keep]
 
     def end_call(self, finish_reason: str | None, view: Callable[[], EngineView]) -> CallOutcome:
         """The current call ended (``finish_reason`` as the engine said): finish, go on, or yield. A
@@ -205,7 +258,11 @@ class RequestLifecycle:
         already has, and ``max_tokens`` still counts from the original request.
         """
         return replace(
-            self.message, generated_token_ids=list(self.generated), next_seq=self.seq, slice_index=self.slice_index
+            self.message,
+            generated_token_ids=list(self.generated),
+            next_seq=self.seq,
+            slice_index=self.slice_index,
+            held_text=self.held_text,
         )
 
 
@@ -216,10 +273,12 @@ def error_event(request_id: str, seq: int, code: str, text: str) -> OutputEvent:
 def resumed(message: RequestMessage, written: list[OutputEvent]) -> RequestMessage:
     """``message`` taken over from a dead worker: it resumes where its durable output stops (the
     prompt plus every token the client already has), as a new attempt."""
-    written_tokens = [token for event in written if event.type == "chunk" for token in event.token_ids]
+    chunks = [event for event in written if event.type == "chunk"]
+    written_tokens = [token for event in chunks for token in event.token_ids]
     return replace(
         message,
         generated_token_ids=written_tokens or message.generated_token_ids,
         next_seq=written[-1].seq + 1 if written else message.next_seq,
         attempt=message.attempt + 1,
+        held_text=chunks[-1].held if chunks else message.held_text,
     )

@@ -102,7 +102,7 @@ class CallOutput:
 
     __slots__ = ("_ended", "_take", "_task", "finished")
 
-    def __init__(self, take: Callable[[EngineDelta], None]) -> None:
+    def __init__(self, take: Callable[[EngineDelta], str | None]) -> None:
         self._take = take
         task = asyncio.current_task()
         assert task is not None
@@ -116,14 +116,14 @@ class CallOutput:
         if self.finished.done() or self._task.cancelling():
             return
         try:
-            self._take(delta)
+            ended_here = self._take(delta)  # a finish reason of the worker's own (a stop string)
         except asyncio.CancelledError:
             self.finished.cancel()
         except Exception as exc:
             self.finished.set_exception(exc)
         else:
-            if delta.finish_reason is not None:
-                self.finished.set_result(delta.finish_reason)
+            if ended_here is not None or delta.finish_reason is not None:
+                self.finished.set_result(ended_here or delta.finish_reason)
 
     def on_error(self, error: BaseException) -> None:
         self._ended = True
@@ -741,6 +741,9 @@ class Worker:
         engine and streamed as the rest of the response, marked degraded."""
         assert self._prompter is not None  # the watchdog degrades nothing without one
         degrade = self._settings.degrade_config()
+        held = life.release_held()
+        if held is not None:
+            emit(held)
         emit(life.degrade(reason="heartbeat", gap_ms=gap_ms))
         self.num_degraded += 1
         message = entry.message
@@ -765,7 +768,7 @@ class Worker:
         self.num_engine_calls += 1
         last_delta = time.monotonic()
 
-        def take(delta: EngineDelta) -> None:
+        def take(delta: EngineDelta) -> str | None:
             nonlocal last_delta
             if self._stopped_by_other(entry):
                 # The task was cancelled, but a library may have swallowed the CancelledError
@@ -775,10 +778,10 @@ class Worker:
             if prefilling and life.num_calls == 1 and not life.summarising:
                 # What vLLM's prefix cache served of the client's prompt (a chat's earlier turns).
                 self.scheduler.prompt_cached(life.id, delta.num_cached_tokens)
-            if delta.token_ids or delta.text:
+            if delta.token_ids or delta.text or (delta.finish_reason and life.held_text):
                 # Behind the engine (the last chunk is not written yet): the tokens join that chunk.
                 unsent = None if prefilling else self._writer.unsent_chunk(life.id, entry.fence)
-                event = life.on_output(delta.token_ids, delta.text, unsent=unsent)
+                event = life.on_output(delta.token_ids, delta.text, unsent=unsent, finish_reason=delta.finish_reason)
                 if event is not None:
                     emit(event)
                 else:
@@ -789,6 +792,8 @@ class Worker:
                 self._step.observe((current - last_delta) * 1000)
                 last_delta = current
                 self._ticks.beat(current)  # awake for the engine's step: the helper loops that are due run now
+            # A stop string ended the reply: the call ends here (``_run_call`` aborts it in the engine).
+            return "stop" if life.stopped_here else None
 
         output = CallOutput(take)
         await self._engine.submit(

@@ -139,3 +139,77 @@ def test_output_joins_the_unsent_chunk_at_its_position_and_positions_stay_gap_fr
     # A take-over resumes from what the (coalesced) stored events hold.
     again = resumed(life.message, [first, second])
     assert again.generated_token_ids == [100, 101, 102, 103, 104] and again.next_seq == 3
+
+
+def stopping(stop: list[str], *, max_tokens: int = 40, min_tokens: int = 0) -> RequestLifecycle:
+    admitter = Admitter(AdmissionConfig(), ServedModel("m", 4096))
+    request = GenerationRequest(
+        prompt=TokenPrompt(list(range(1, 21))),
+        reply_to="api",
+        tier="normal",
+        max_tokens=max_tokens,
+        sampling=SamplingOptions(temperature=0.0, stop=stop, min_tokens=min_tokens),
+    )
+    return admitted(TailcutPolicy(SchedulerConfig(slice_tokens=4)), admitter.admit_tokens(request, request_id="r"))
+
+
+def feed(life: RequestLifecycle, pieces: list[str]) -> tuple[str, str | None, list[RequestLifecycle]]:
+    """Run ``life`` over one token per piece of text, in calls of its slice, handing each call's end to
+    the next (and every second call to a fresh lifecycle, as a continuation or a take-over would): the
+    text sent, the reply's finish reason (None: the pieces ran out) and every lifecycle used."""
+    sent, lives, index = "", [life], 0
+    call = life.next_call()
+    assert call.sampling.stop == []  # the engine is not asked to find them: it cannot across calls
+    while index < len(pieces):
+        limit = call.sampling.max_tokens
+        for step in range(limit):
+            last = step == limit - 1 or index == len(pieces) - 1
+            reason = ("length" if step == limit - 1 else "stop") if last else None
+            event = life.on_output([index], pieces[index], finish_reason=reason)
+            index += 1
+            sent += event.text if event is not None else ""
+            if life.stopped_here:
+                return sent, "stop", lives
+            if last:
+                break
+        outcome = life.end_call("length" if index < len(pieces) else "stop", lambda: ROOMY)
+        if isinstance(outcome, Finished):
+            return sent, outcome.event.finish_reason, lives
+        assert isinstance(outcome, Continue)
+        if len(lives) % 2:
+            taken_over = resumed(life.continuation(), [OutputEvent(rid="r", seq=1, type="chunk", held=life.held_text)])
+            taken_over.generated_token_ids = list(life.generated)
+            life = admitted(TailcutPolicy(SchedulerConfig(slice_tokens=4)), taken_over)
+            lives.append(life)
+        call = life.next_call()
+    return sent, None, lives
+
+
+def test_a_stop_string_across_engine_calls_ends_the_reply_where_it_begins() -> None:
+    # Calls of 4 tokens: "X" "Y" "Z" "EN" | "D!" ... — the stop string "END!" spans the boundary.
+    pieces = ["a", "b", "c", "EN", "D!", "zz", "q", "r", "s", "t"]
+    sent, reason, lives = feed(stopping(["END!"]), pieces)
+    assert (sent, reason) == ("abc", "stop")
+    assert len(lives) == 2  # found by the lifecycle that took the first call's held text over
+
+
+def test_text_held_at_a_call_boundary_is_sent_once_no_stop_string_begins_there() -> None:
+    pieces = ["a", "b", "c", "EN", "x", "y", "z", "w", "1", "2"]
+    sent, reason, _ = feed(stopping(["END!"], max_tokens=10), pieces)
+    assert (sent, reason) == ("abcENxyzw12", "stop")
+
+
+def test_a_stop_string_counts_only_past_min_tokens_and_inside_a_call_too() -> None:
+    sent, reason, _ = feed(stopping(["ab"], min_tokens=3), ["a", "b", "c", "a", "b", "c"])
+    assert (sent, reason) == ("abc", "stop")
+
+
+def test_text_held_for_a_stop_string_is_sent_before_a_summary_takes_over() -> None:
+    life = stopping(["END!"])
+    life.next_call()
+    sent = [life.on_output([1], "abcEN"), life.on_output([2], "X", finish_reason="length")]
+    # The last three characters could begin "END!" (the next call may complete it): held.
+    assert "".join(event.text for event in sent if event is not None) == "abc"
+    held = life.release_held()
+    assert held is not None and held.text == "ENX" and held.seq == 3
+    assert life.release_held() is None and life.degrade(reason="heartbeat", gap_ms=600).seq == 4
