@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.chaos import ChaosResult
+from bench.chaos import TIERS, ChaosResult
 from bench.chaos_client import StreamTrace
 
 # The keys the issue names come first in --json, in this order.
@@ -132,6 +132,5 @@ def print_summary(console: Console, counts: dict[str, Any]) -> None:
 
 def tier_waits(by_tier: dict[str, float]) -> str:
     """``realtime 0.41 s, background 22.90 s``: per tier, in the tiers' order."""
-    order = ("realtime", "normal", "background")
-    tiers = sorted(by_tier, key=lambda tier: (order.index(tier) if tier in order else len(order), tier))
+    tiers = sorted(by_tier, key=lambda tier: (TIERS.index(tier) if tier in TIERS else len(TIERS), tier))
     return ", ".join(f"{tier} {by_tier[tier]:.2f} s" for tier in tiers)

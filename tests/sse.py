@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import orjson
 
+from api.responses import PING
 from bench.sse import sse_lines
 
 DONE = "[DONE]"
+
+
+async def read_for(response: httpx.Response, seconds: float) -> bytes:
+    """What ``response`` sends within ``seconds`` (a stream that is expected to stay open), raw."""
+    received: list[bytes] = []
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            async for raw in response.aiter_raw():
+                received.append(raw)
+    return b"".join(received)
+
+
+def assert_only_pings(received: bytes) -> None:
+    """An open stream that waits: SSE ping comments now and then (at least two), and nothing else."""
+    assert received.count(PING) >= 2, received
+    assert received.replace(PING, b"") == b"", received
 
 
 async def frames(response: httpx.Response) -> AsyncIterator[tuple[int | None, Any]]:

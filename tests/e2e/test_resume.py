@@ -4,7 +4,6 @@ tenant ownership, and ``Idempotency-Key`` answered by the one execution it names
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,7 +13,7 @@ import httpx
 import pytest
 
 from queues.output import read_output
-from tests.sse import DONE, frames, positions_grow, stream_events, streamed_token_ids
+from tests.sse import DONE, assert_only_pings, frames, positions_grow, read_for, stream_events, streamed_token_ids
 from tests.stack import running_stack
 from workers.engines.vllm_engine import VllmEngine
 
@@ -164,10 +163,5 @@ async def test_a_resume_of_a_request_still_in_its_queue_gets_pings_and_nothing_e
                 request_id = response.headers["x-tailcut-request-id"]
             async with client.stream("GET", f"/v1/requests/{request_id}") as response:
                 assert response.status_code == 200
-                waited: list[bytes] = []
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(5.0):
-                        async for raw in response.aiter_raw():
-                            waited.append(raw)
-    assert b"".join(waited).count(b": ping\n\n") >= 2, waited
-    assert b"".join(waited).replace(b": ping\n\n", b"") == b"", waited
+                waited = await read_for(response, 5.0)
+    assert_only_pings(waited)

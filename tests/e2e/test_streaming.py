@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,7 +16,15 @@ from admission.tokenizer import PromptTokenizer
 from bench.sse import sse_lines
 from queues.messages import SamplingSpec
 from queues.output import read_output
-from tests.sse import DONE, finish_reasons, positions_grow, stream_events, streamed_token_ids
+from tests.sse import (
+    DONE,
+    assert_only_pings,
+    finish_reasons,
+    positions_grow,
+    read_for,
+    stream_events,
+    streamed_token_ids,
+)
 from tests.stack import running_stack
 from workers.engines.vllm_engine import VllmEngine
 
@@ -113,13 +120,8 @@ async def test_a_chat_streams_role_chunk_leaves_with_the_first_token_not_at_acce
         async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
             async with client.stream("POST", "/v1/chat/completions", json=chat) as response:
                 assert response.status_code == 200 and response.headers["x-tailcut-request-id"]
-                waited: list[bytes] = []
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(4.0):
-                        async for raw in response.aiter_raw():
-                            waited.append(raw)
-    assert b"".join(waited).count(b": ping\n\n") >= 2, waited
-    assert b"".join(waited).replace(b": ping\n\n", b"") == b"", waited
+                waited = await read_for(response, 4.0)
+    assert_only_pings(waited)
     async with running_stack(redis_url, tiny_model, engine) as stack:
         async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
             async with client.stream("POST", "/v1/chat/completions", json=chat) as response:
