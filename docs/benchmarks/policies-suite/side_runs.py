@@ -27,12 +27,18 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     (the budget rule's floor, ``BudgetConfig.min_tokens``; the chunk follows half of it unless ``ch``
     is given), ``prog`` (a prompt in prefill counts what is left of it, estimated from the rounds'
     clock and the step time, instead of its whole chunk), ``pace=M`` (the lower tiers' prefill room is
-    their arrival rate and backlog times ``1 + M``, one chunk at least, with no other floor),
+    their arrival rate and backlog times ``1 + M``, one chunk at least, with no other floor), ``tb=M``
+    (background admitted on a credit that grows at the lower tiers' arrival rate times ``1 + M``:
+    ``token_bucket``; ``tbn``: the normal tier waits on it too; ``tbo``: so do the overdue cut-ins),
     ``noadapt`` (the policy before issue 12), ``shipped``.
     ``SIDE_WORKLOADS=seed-mix`` runs only the workloads named. One line per variant: the suite's targets
     (``bench.policies.check_targets``) with the baselines' rows of each workload's ``results.json``, the
     misses, seed-mix's figures, and (on this folder's traces) those that fell below the policy before
     issue 12's.
+
+``SIDE rows WORKLOAD VARIANT LOAD``
+    one grid variant's run of one workload at one load: every tier's row of it (one JSON line each),
+    and what held background back (``grid_rows``).
 """
 
 import json
@@ -52,6 +58,7 @@ from bench.stats import field_of, summarize
 from bench.workloads import make_trace, workload_and_cost
 from queues.keys import Tier
 from workers import scheduler as schedmod
+from workers.budget import PrefillRate
 from workers.engines import sim as simmod
 
 # The suite run whose traces, capacities and baselines the side runs use: this folder's (seed 0, 120
@@ -205,6 +212,11 @@ def patch_sizes(spec: str) -> None:
             count_progress()
         elif key == "pace":
             pace_lower_tiers(float(value))
+        elif key == "pipe":
+            pipeline_background()
+        elif key == "tb":
+            parts = spec.split("+")
+            token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
 
 
 def pace_lower_tiers(margin: float) -> None:
@@ -227,6 +239,103 @@ def pace_lower_tiers(margin: float) -> None:
         return replace(shipped, lower_prefill=min(ceiling, max(shipped.chunk, int(demand))))
 
     schedmod.TailcutPolicy.room = paced  # type: ignore[method-assign]
+
+
+# ``tb``: the window of the lower tiers' arrival rate, and the most credit kept while no background waits.
+BUCKET_WINDOW_MS = 30_000
+BUCKET_CAP_TOKENS = 2_048
+
+
+def token_bucket(margin: float, *, normal_waits: bool, cut_ins_wait: bool) -> None:
+    """Background is admitted at the lower tiers' long-run arrival rate: a credit grows at their prompt
+    tokens per ms over ``BUCKET_WINDOW_MS`` times ``1 + margin`` (at most ``BUCKET_CAP_TOKENS`` while no
+    background waits), every lower-tier admission of a client's prompt spends its tokens, and background
+    waits while the credit is below 0. The normal tier spends but waits on it only with ``tbn``; an
+    overdue cut-in waits only with ``tbo``; a prompt into an engine with no prefill in flight never
+    waits. In a stretch where documents pile up, background then waits for the stretch to pass instead
+    of growing the steps."""
+    gated = ("normal", "background") if normal_waits else ("background",)
+    policy = schedmod.TailcutPolicy
+    schedule, fits, admit, add = policy.schedule, policy._fits, policy._admit, policy.add
+
+    def state(self: Any) -> dict[str, Any]:
+        found: dict[str, Any] | None = self.__dict__.get("_tb")
+        if found is None:
+            found = {"credit": 0.0, "last": None, "rate": PrefillRate(window_ms=BUCKET_WINDOW_MS)}
+            self.__dict__["_tb"] = found
+        return found
+
+    def adding(self: Any, request: Any) -> None:
+        if request.tier != "realtime" and not request.continuation:
+            state(self)["rate"].observe(request.prompt_tokens)
+        add(self, request)
+
+    def scheduling(self: Any, view: Any, now_ms: int) -> Any:
+        bucket = state(self)
+        rate = bucket["rate"].update(now_ms)
+        if bucket["last"] is not None:
+            bucket["credit"] += (now_ms - bucket["last"]) * rate * (1 + margin)
+            # Unspent credit is kept while background waits (the room, not the credit, held it back).
+            if not len(self._background):
+                bucket["credit"] = min(BUCKET_CAP_TOKENS, bucket["credit"])
+        bucket["last"] = now_ms
+        return schedule(self, view, now_ms)
+
+    def fitting(self: Any, request: Any, kv: int, room: Any, spent: Any, first: bool, *, overdue: bool = False) -> bool:
+        exempt = first or (overdue and not cut_ins_wait) or not self.adapting
+        if request.tier in gated and not exempt and state(self)["credit"] < 0:
+            return False
+        return bool(fits(self, request, kv, room, spent, first, overdue=overdue))
+
+    def admitting(self: Any, request: Any, now_ms: int) -> None:
+        admit(self, request, now_ms)
+        if request.tier != "realtime" and not request.continuation:
+            state(self)["credit"] -= request.prompt_tokens
+
+    policy.add = adding  # type: ignore[method-assign]
+    policy.schedule = scheduling  # type: ignore[method-assign]
+    policy._fits = fitting  # type: ignore[method-assign]
+    policy._admit = admitting  # type: ignore[method-assign]
+
+
+def pipeline_background() -> None:
+    """A background prompt on its last chunk no longer counts in a round's accounting, so the next one
+    may be admitted behind it: background's prefill goes one prompt at a time (the room holds a normal
+    chunk and one background chunk), and each prompt counts its whole chunk until its first token is
+    seen, which leaves the engine without background prefill between two prompts. A prompt's progress
+    is estimated as ``count_progress`` does (one chunk per ``step_ms`` since the round before); one
+    admitted this round counts whole."""
+    schedule = schedmod.TailcutPolicy.schedule
+
+    def scheduling(self: Any, view: Any, now_ms: int) -> Any:
+        progress: dict[str, float] = self.__dict__.setdefault("_pipe_progress", {})
+        last = self.__dict__.get("_pipe_last_ms")
+        self._pipe_last_ms = now_ms
+        chunk = self._engine_chunk
+        if last is not None and view.step_ms > 0:
+            steps = (now_ms - last) / view.step_ms
+            for request_id, (tokens, tier) in self._prefilling.items():
+                if tier == "background":
+                    progress[request_id] = progress.get(request_id, 0.0) + steps * min(tokens, chunk or tokens)
+        last_chunk = {
+            request_id: entry
+            for request_id, entry in self._prefilling.items()
+            if entry[1] == "background"
+            and progress.get(request_id, 0.0) > 0
+            and entry[0] - progress[request_id] <= (chunk or entry[0])
+        }
+        for request_id in last_chunk:
+            del self._prefilling[request_id]
+        try:
+            return schedule(self, view, now_ms)
+        finally:
+            for request_id, entry in last_chunk.items():
+                if request_id in self._running:
+                    self._prefilling[request_id] = entry
+            for request_id in [each for each in progress if each not in self._prefilling]:
+                del progress[request_id]
+
+    schedmod.TailcutPolicy.schedule = scheduling  # type: ignore[method-assign]
 
 
 def count_progress() -> None:
@@ -275,7 +384,7 @@ def grid_variant(spec: str) -> policies.Variant:
             scheduler = replace(scheduler, budget=replace(scheduler.budget, min_tokens=int(value)))
         elif key == "shed":
             shed = replace(shed or ShedLimits.never(), background=int(value))
-        elif key not in ("shipped", "nr", "dm", "ch", "prog", "pace"):
+        elif key not in ("shipped", "nr", "dm", "ch", "prog", "pace", "tb", "tbn", "tbo", "pipe"):
             raise SystemExit(f"unknown part {part!r}")
     return replace(shipped, label=spec, scheduler=scheduler, shed=shed)
 
@@ -352,6 +461,53 @@ def run_grid(specs: list[str]) -> None:
             print(*line, flush=True)
 
 
+def grid_rows(name: str, spec: str, load: float) -> None:
+    """One grid variant's run of one workload at one load: every tier's row, as the suite's JSON holds
+    it, and what held background back — over the scheduler's clock, the lower tiers' prefill room and
+    their chunks in flight after each round, the share of the time background waited, and while it
+    waited, how many background prompts were in prefill and how often the realtime gate held it."""
+    patch_sizes(spec)
+    policy = schedmod.TailcutPolicy
+    room, schedule = policy.room, policy.schedule
+    clock = {"room": 0.0, "in flight": 0.0, "all": 0.0, "waiting": 0.0, "held": 0.0}
+    in_prefill: dict[int, float] = {}
+    last_ms: list[int] = []
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        self._last_room = room(self, view, now_ms)
+        return self._last_room
+
+    def scheduling(self: Any, view: Any, now_ms: int) -> Any:
+        decision = schedule(self, view, now_ms)
+        if self.adapting and last_ms:
+            elapsed, sizes = now_ms - last_ms[-1], self._last_room
+            lower = [(tokens, tier) for tokens, tier in self._prefilling.values() if tier != "realtime"]
+            clock["all"] += elapsed
+            clock["room"] += elapsed * sizes.lower_prefill
+            clock["in flight"] += elapsed * sum(self._chunk(tokens, sizes) for tokens, _ in lower)
+            if len(self._background):
+                clock["waiting"] += elapsed
+                clock["held"] += elapsed if sizes.background_held else 0
+                count = sum(1 for _, tier in lower if tier == "background")
+                in_prefill[count] = in_prefill.get(count, 0.0) + elapsed
+        last_ms[:] = [now_ms]
+        return decision
+
+    policy.room, policy.schedule = sizing, scheduling  # type: ignore[method-assign]
+    workload, cost = workload_and_cost(name, "h100-llama3-8b")
+    job = policies.Job(grid_variant(spec), load, load * capacities_rps()[name], SEED, DURATION_S, workload, cost)
+    for row in policies.run_job(job).rows:
+        print(json.dumps({key: value for key, value in row.items() if not isinstance(value, (list, dict))}))
+    waiting = clock["waiting"] or 1.0
+    print(
+        f"{name} {spec} {load}: lower tiers' prefill room {clock['room'] / clock['all']:.0f} tokens, their chunks in",
+        f"flight {clock['in flight'] / clock['all']:.0f}; background waits {clock['waiting'] / clock['all']:.1%} of",
+        "the time, and meanwhile has",
+        ", ".join(f"{count} prompts in prefill {share / waiting:.1%}" for count, share in sorted(in_prefill.items())),
+        f"of it; held by the realtime gate {clock['held'] / waiting:.1%}",
+    )
+
+
 # --- floor and yield ---
 
 EXPERIMENTS: dict[str, tuple[Callable[[str], policies.Variant], Callable[[str, str, float, Rows], None]]] = {
@@ -408,6 +564,9 @@ def percentile(values: list[float]) -> float:
 if __name__ == "__main__":
     if sys.argv[1] == "grid":
         run_grid(sys.argv[2:])
+        raise SystemExit(0)
+    if sys.argv[1] == "rows":
+        grid_rows(sys.argv[2], sys.argv[3], float(sys.argv[4]))
         raise SystemExit(0)
     if sys.argv[1] == "bursts":
         capacities = capacities_rps()
