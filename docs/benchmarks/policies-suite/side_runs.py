@@ -38,7 +38,8 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
 
 ``SIDE rows WORKLOAD VARIANT LOAD``
     one grid variant's run of one workload at one load: every tier's row of it (one JSON line each),
-    and what held background back (``grid_rows``).
+    and what held background back (``grid_rows``). WORKLOAD may be a workload file's path, with
+    ``SIDE_CAPACITY=RPS`` its fifo capacity (as ``tailcut bench policies --workload PATH`` measured it).
 """
 
 import json
@@ -495,7 +496,8 @@ def grid_rows(name: str, spec: str, load: float) -> None:
 
     policy.room, policy.schedule = sizing, scheduling  # type: ignore[method-assign]
     workload, cost = workload_and_cost(name, "h100-llama3-8b")
-    job = policies.Job(grid_variant(spec), load, load * capacities_rps()[name], SEED, DURATION_S, workload, cost)
+    capacity = float(os.environ.get("SIDE_CAPACITY") or capacities_rps()[name])
+    job = policies.Job(grid_variant(spec), load, load * capacity, SEED, DURATION_S, workload, cost)
     for row in policies.run_job(job).rows:
         print(json.dumps({key: value for key, value in row.items() if not isinstance(value, (list, dict))}))
     waiting = clock["waiting"] or 1.0
