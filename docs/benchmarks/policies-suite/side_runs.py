@@ -29,7 +29,9 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     clock and the step time, instead of its whole chunk), ``pace=M`` (the lower tiers' prefill room is
     their arrival rate and backlog times ``1 + M``, one chunk at least, with no other floor), ``tb=M``
     (background admitted on a credit that grows at the lower tiers' arrival rate times ``1 + M``:
-    ``token_bucket``; ``tbn``: the normal tier waits on it too; ``tbo``: so do the overdue cut-ins),
+    ``token_bucket``; ``tbn``: the normal tier waits on it too; ``tbo``: so does a background prompt
+    the cut-in limit lets in), ``pipe`` (the next background prompt admitted behind one on its last
+    chunk),
     ``noadapt`` (the policy before issue 12), ``shipped``.
     ``SIDE_WORKLOADS=seed-mix`` runs only the workloads named. One line per variant: the suite's targets
     (``bench.policies.check_targets``) with the baselines' rows of each workload's ``results.json``, the
@@ -304,20 +306,12 @@ def pipeline_background() -> None:
     may be admitted behind it: background's prefill goes one prompt at a time (the room holds a normal
     chunk and one background chunk), and each prompt counts its whole chunk until its first token is
     seen, which leaves the engine without background prefill between two prompts. A prompt's progress
-    is estimated as ``count_progress`` does (one chunk per ``step_ms`` since the round before); one
-    admitted this round counts whole."""
+    is estimated as ``count_progress`` does (``prefill_progress``); one admitted this round counts whole."""
     schedule = schedmod.TailcutPolicy.schedule
 
     def scheduling(self: Any, view: Any, now_ms: int) -> Any:
-        progress: dict[str, float] = self.__dict__.setdefault("_pipe_progress", {})
-        last = self.__dict__.get("_pipe_last_ms")
-        self._pipe_last_ms = now_ms
+        progress = prefill_progress(self, view, now_ms, "pipe")
         chunk = self._engine_chunk
-        if last is not None and view.step_ms > 0:
-            steps = (now_ms - last) / view.step_ms
-            for request_id, (tokens, tier) in self._prefilling.items():
-                if tier == "background":
-                    progress[request_id] = progress.get(request_id, 0.0) + steps * min(tokens, chunk or tokens)
         last_chunk = {
             request_id: entry
             for request_id, entry in self._prefilling.items()
@@ -333,10 +327,29 @@ def pipeline_background() -> None:
             for request_id, entry in last_chunk.items():
                 if request_id in self._running:
                     self._prefilling[request_id] = entry
-            for request_id in [each for each in progress if each not in self._prefilling]:
-                del progress[request_id]
+            forget_progress(self, progress)
 
     schedmod.TailcutPolicy.schedule = scheduling  # type: ignore[method-assign]
+
+
+def prefill_progress(self: Any, view: Any, now_ms: int, variant: str) -> dict[str, float]:
+    """The prompt tokens each prompt in prefill (``TailcutPolicy._prefilling``) is estimated to have
+    computed, kept per ``variant`` on the policy: one chunk per ``step_ms`` since the round before."""
+    progress: dict[str, float] = self.__dict__.setdefault(f"_{variant}_progress", {})
+    last = self.__dict__.get(f"_{variant}_last_round_ms")
+    self.__dict__[f"_{variant}_last_round_ms"] = now_ms
+    if last is not None and view.step_ms > 0:
+        steps = (now_ms - last) / view.step_ms
+        for request_id, (tokens, _tier) in self._prefilling.items():
+            chunk = min(tokens, self._engine_chunk) if self._engine_chunk else tokens
+            progress[request_id] = progress.get(request_id, 0.0) + steps * chunk
+    return progress
+
+
+def forget_progress(self: Any, progress: dict[str, float]) -> None:
+    """Drop the estimates of prompts no longer in prefill (their first token came, or they left)."""
+    for request_id in [each for each in progress if each not in self._prefilling]:
+        del progress[request_id]
 
 
 def count_progress() -> None:
@@ -346,14 +359,7 @@ def count_progress() -> None:
     schedule = schedmod.TailcutPolicy.schedule
 
     def counting(self: Any, view: Any, now_ms: int) -> Any:
-        progress: dict[str, float] = self.__dict__.setdefault("_progress", {})
-        last = self.__dict__.get("_last_round_ms")
-        self._last_round_ms = now_ms
-        if last is not None and view.step_ms > 0:
-            steps = (now_ms - last) / view.step_ms
-            for request_id, (tokens, _tier) in self._prefilling.items():
-                chunk = min(tokens, self._engine_chunk) if self._engine_chunk else tokens
-                progress[request_id] = progress.get(request_id, 0.0) + steps * chunk
+        progress = prefill_progress(self, view, now_ms, "prog")
         whole = dict(self._prefilling)
         for request_id, (tokens, tier) in whole.items():
             left = max(self.config.kv_block_tokens, tokens - int(progress.get(request_id, 0.0)))
@@ -364,8 +370,7 @@ def count_progress() -> None:
             for request_id, entry in whole.items():
                 if request_id in self._prefilling:
                     self._prefilling[request_id] = entry
-            for request_id in [each for each in progress if each not in self._prefilling]:
-                del progress[request_id]
+            forget_progress(self, progress)
 
     schedmod.TailcutPolicy.schedule = counting  # type: ignore[method-assign]
 
@@ -472,16 +477,17 @@ def grid_rows(name: str, spec: str, load: float) -> None:
     room, schedule = policy.room, policy.schedule
     clock = {"room": 0.0, "in flight": 0.0, "all": 0.0, "waiting": 0.0, "held": 0.0}
     in_prefill: dict[int, float] = {}
-    last_ms: list[int] = []
+    last_ms: int | None = None
 
     def sizing(self: Any, view: Any, now_ms: int) -> Any:
         self._last_room = room(self, view, now_ms)
         return self._last_room
 
     def scheduling(self: Any, view: Any, now_ms: int) -> Any:
+        nonlocal last_ms
         decision = schedule(self, view, now_ms)
-        if self.adapting and last_ms:
-            elapsed, sizes = now_ms - last_ms[-1], self._last_room
+        if self.adapting and last_ms is not None:
+            elapsed, sizes = now_ms - last_ms, self._last_room
             lower = [(tokens, tier) for tokens, tier in self._prefilling.values() if tier != "realtime"]
             clock["all"] += elapsed
             clock["room"] += elapsed * sizes.lower_prefill
@@ -491,7 +497,7 @@ def grid_rows(name: str, spec: str, load: float) -> None:
                 clock["held"] += elapsed if sizes.background_held else 0
                 count = sum(1 for _, tier in lower if tier == "background")
                 in_prefill[count] = in_prefill.get(count, 0.0) + elapsed
-        last_ms[:] = [now_ms]
+        last_ms = now_ms
         return decision
 
     policy.room, policy.schedule = sizing, scheduling  # type: ignore[method-assign]
