@@ -31,7 +31,9 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     (background admitted on a credit that grows at the lower tiers' arrival rate times ``1 + M``:
     ``token_bucket``; ``tbn``: the normal tier waits on it too; ``tbo``: so does a background prompt
     the cut-in limit lets in), ``pipe`` (the next background prompt admitted behind one on its last
-    chunk),
+    chunk), ``occ=L`` (the lower tiers' arrival rate counts each prompt's chunk for its chunks plus L
+    rounds: ``count_occupancy``), ``nq=MS`` (the normal tier may go past the lower tiers' limit by its
+    backlog drained over MS: ``drain_normal``),
     ``noadapt`` (the policy before issue 12), ``shipped``.
     ``SIDE_WORKLOADS=seed-mix`` runs only the workloads named. One line per variant: the suite's targets
     (``bench.policies.check_targets``) with the baselines' rows of each workload's ``results.json``, the
@@ -217,6 +219,10 @@ def patch_sizes(spec: str) -> None:
             pace_lower_tiers(float(value))
         elif key == "pipe":
             pipeline_background()
+        elif key == "nq":
+            drain_normal(float(value))
+        elif key == "occ":
+            count_occupancy(float(value))
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
@@ -332,6 +338,52 @@ def pipeline_background() -> None:
     schedmod.TailcutPolicy.schedule = scheduling  # type: ignore[method-assign]
 
 
+def count_occupancy(lag_rounds: float) -> None:
+    """The lower tiers' arrival rate counts what a prompt holds of the room, not its tokens: its chunk
+    for each round of its prefill and ``lag_rounds`` more (a prompt counts its whole chunk until its
+    first token is seen, a round after its last chunk ran), so a tier of one-chunk prompts asks for
+    about twice its tokens and one of many chunks for little more than them."""
+    observe = schedmod.TailcutPolicy._observe
+
+    def observing(self: Any, request: Any) -> None:
+        if not self.config.adaptive or request.tier == "realtime":
+            observe(self, request)
+            return
+        rate, tokens = self._lower_rate, request.prompt_tokens
+        chunk = self._engine_chunk or tokens
+        counted = min(tokens, chunk) * (-(-tokens // chunk) + lag_rounds)
+        pending = rate._pending_tokens
+        observe(self, request)
+        rate._pending_tokens = pending + int(counted)
+
+    schedmod.TailcutPolicy._observe = observing  # type: ignore[method-assign]
+
+
+def drain_normal(drain_ms: float) -> None:
+    """The normal tier may go past the lower tiers' limit by what its own backlog asks when drained
+    over ``drain_ms`` (at the current step time), as far as the ceiling holds it: a burst of documents
+    is prefilled within about that time instead of over ``backlog_drain_ms``. Background's limit is
+    unchanged; the normal chunks in flight count against it as before."""
+    policy = schedmod.TailcutPolicy
+    sized, fits = policy.room, policy._fits
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        sizes = sized(self, view, now_ms)
+        backlog = self._queued_tokens(list(self._normal()), view.backlog_of(tiers=("normal",)))
+        self._normal_extra = int(view.step_ms * backlog / drain_ms) if self.adapting else 0
+        return sizes
+
+    def fitting(self: Any, request: Any, kv: int, room: Any, spent: Any, first: bool, *, overdue: bool = False) -> bool:
+        if fits(self, request, kv, room, spent, first, overdue=overdue):
+            return True
+        if request.tier != "normal" or request.reserved_kv_tokens(self.config) > kv:
+            return False
+        limit = min(room.ceiling - room.reserve, room.lower_limit + getattr(self, "_normal_extra", 0))
+        return bool(spent.total + self._chunk(request.prompt_tokens, room) <= limit)
+
+    policy.room, policy._fits = sizing, fitting  # type: ignore[method-assign]
+
+
 def prefill_progress(self: Any, view: Any, now_ms: int, variant: str) -> dict[str, float]:
     """The prompt tokens each prompt in prefill (``TailcutPolicy._prefilling``) is estimated to have
     computed, kept per ``variant`` on the policy: one chunk per ``step_ms`` since the round before."""
@@ -390,7 +442,7 @@ def grid_variant(spec: str) -> policies.Variant:
             scheduler = replace(scheduler, budget=replace(scheduler.budget, min_tokens=int(value)))
         elif key == "shed":
             shed = replace(shed or ShedLimits.never(), background=int(value))
-        elif key not in ("shipped", "nr", "dm", "ch", "prog", "pace", "tb", "tbn", "tbo", "pipe"):
+        elif key not in ("shipped", "nr", "dm", "ch", "prog", "pace", "tb", "tbn", "tbo", "pipe", "nq", "occ"):
             raise SystemExit(f"unknown part {part!r}")
     return replace(shipped, label=spec, scheduler=scheduler, shed=shed)
 
