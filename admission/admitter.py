@@ -8,6 +8,7 @@ and each feeds the output-length predictor what it observes (``observe``).
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import get_args
@@ -22,7 +23,7 @@ from admission.request import (
     TextPrompt,
     TokenPrompt,
 )
-from admission.shedding import QueueDepth
+from admission.shedding import RETRY_AFTER_MAX_S, QueueDepth
 from admission.tokenizer import PromptTokenizer
 from queues.keys import Tier
 from queues.messages import DEFAULT_TENANT, RequestMessage, SamplingSpec
@@ -71,17 +72,31 @@ class Admitter:
         return value  # type: ignore[return-value]
 
     def check_capacity(self, tier: Tier) -> None:
-        """Refuse with ``OverloadedError`` (429, ``Retry-After``) while the tier's queue is at its limit."""
-        if self._queue_depth is None or self.config.shed.limit(tier) <= 0:
+        """Refuse with ``OverloadedError`` (429, ``Retry-After``) while the tier's queue is at its limit:
+        as many requests as it may hold, or an oldest one that has waited as long as it may."""
+        shed, depth = self.config.shed, self._queue_depth
+        if depth is None or not shed.counts(tier):
             return  # no limit to check: the queue is not counted
-        waiting = self._queue_depth.waiting(tier)
-        if self.config.shed.sheds(tier, waiting):
-            limit = self.config.shed.limit(tier)
-            raise OverloadedError(
-                f"the {tier} queue is full ({waiting} requests waiting, limit {limit}); retry later",
-                tier=tier,
-                retry_after_s=self._queue_depth.retry_after_s(tier, limit),
-            )
+        if shed.limit(tier) > 0:
+            waiting = depth.waiting(tier)
+            if shed.sheds(tier, waiting):
+                limit = shed.limit(tier)
+                raise OverloadedError(
+                    f"the {tier} queue is full ({waiting} requests waiting, limit {limit}); retry later",
+                    tier=tier,
+                    retry_after_s=depth.retry_after_s(tier, limit),
+                )
+        if shed.wait_limit_ms(tier) > 0:
+            waited_ms = depth.oldest_wait_ms(tier)
+            if shed.sheds_wait(tier, waited_ms):
+                limit_s = shed.wait_limit_ms(tier) / 1000
+                raise OverloadedError(
+                    f"the {tier} queue is backed up (its oldest request has waited {waited_ms / 1000:.1f} s, "
+                    f"limit {limit_s:g} s); retry later",
+                    tier=tier,
+                    # By then the queue has had as long as its oldest request is over the bound to drain.
+                    retry_after_s=max(1, min(RETRY_AFTER_MAX_S, math.ceil(waited_ms / 1000 - limit_s))),
+                )
 
     async def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids, tokenized once here with the served model's tokenizer."""

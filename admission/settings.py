@@ -46,6 +46,19 @@ class AdmissionSettings(CommonSettings):
         ge=0,
         description="The same bound for the background tier (smallest: overload sheds it first).",
     )
+    shed_realtime_wait_ms: int = Field(
+        _CONFIG.shed.realtime_wait_ms,
+        ge=0,
+        description="429 for new realtime requests while the oldest waiting one has waited this long (0: no bound).",
+    )
+    shed_normal_wait_ms: int = Field(
+        _CONFIG.shed.normal_wait_ms,
+        ge=0,
+        description="The same wait bound for the normal tier (e.g. twice its TTFT target on a GPU engine).",
+    )
+    shed_background_wait_ms: int = Field(
+        _CONFIG.shed.background_wait_ms, ge=0, description="The same wait bound for the background tier."
+    )
 
     @model_validator(mode="after")
     def _check_buckets(self) -> AdmissionSettings:
@@ -69,5 +82,8 @@ class AdmissionSettings(CommonSettings):
                 realtime=self.shed_realtime_waiting,
                 normal=self.shed_normal_waiting,
                 background=self.shed_background_waiting,
+                realtime_wait_ms=self.shed_realtime_wait_ms,
+                normal_wait_ms=self.shed_normal_wait_ms,
+                background_wait_ms=self.shed_background_wait_ms,
             ),
         )

@@ -23,6 +23,12 @@ cost; ``intake.queued_tokens``), about once a second, for the metrics and the st
 
 ``Retry-After`` is how long the workers take, at the tier's recent drain rate, to read the requests
 that stand between the queue and a free place in it: at least 1 s, at most 30 s.
+
+A tier may also bound its wait (``ShedLimits.normal_wait_ms`` and the others; off by default): a
+request is refused while the tier's oldest waiting request has waited that long. The same poll reads
+it in Redis's own clock — the oldest entry no worker has read, whose id XADD stamped, against the
+server's TIME — and adds this host's time since the poll, so no clock of this host is compared with
+Redis's. ``Retry-After`` is then how far the oldest is past the bound (at least 1 s, at most 30 s).
 """
 
 from __future__ import annotations
@@ -57,30 +63,63 @@ DRAIN_SMOOTHING = 0.05
 
 @dataclass(frozen=True, slots=True)
 class ShedLimits:
-    """Most requests of each tier that may wait; 0 turns shedding off for the tier."""
+    """Most requests of each tier that may wait, and (``*_wait_ms``) the longest the oldest of them may
+    have waited; 0 turns either bound off for the tier.
+
+    The count bounds the queue; the wait bounds what it costs the requests in it, which the count does
+    only as well as the tier's lengths and the engine's speed let it: 256 documents behind a busy
+    realtime tier wait seconds on a GPU, and on a CPU engine a few requests do. So the wait bounds are
+    off by default — a closed-loop client (``vllm bench serve --max-concurrency 64``) against a slow
+    engine queues for seconds and should not be refused for it — and an operator who holds a tier to a
+    latency target sets one: a request that would start later than that is refused at once, with
+    ``Retry-After``, rather than queued to miss its target by seconds (BENCHMARKS.md "A workload with
+    no background tier": the normal tier's bound at twice its TTFT target).
+    """
 
     realtime: int = 512
     normal: int = 256
     background: int = 64
+    realtime_wait_ms: int = 0
+    normal_wait_ms: int = 0
+    background_wait_ms: int = 0
 
     def limit(self, tier: Tier) -> int:
         limits: dict[Tier, int] = {"realtime": self.realtime, "normal": self.normal, "background": self.background}
         return limits[tier]
 
+    def wait_limit_ms(self, tier: Tier) -> int:
+        limits: dict[Tier, int] = {
+            "realtime": self.realtime_wait_ms,
+            "normal": self.normal_wait_ms,
+            "background": self.background_wait_ms,
+        }
+        return limits[tier]
+
     @classmethod
     def never(cls) -> ShedLimits:
         """No tier is ever shed (the baselines: a plain engine server queues everything)."""
-        return cls(realtime=0, normal=0, background=0)
+        return cls(realtime=0, normal=0, background=0, realtime_wait_ms=0, normal_wait_ms=0, background_wait_ms=0)
+
+    def counts(self, tier: Tier) -> bool:
+        """Whether the tier has a bound at all (a queue no bound reads is not measured)."""
+        return self.limit(tier) > 0 or self.wait_limit_ms(tier) > 0
 
     def sheds(self, tier: Tier, num_waiting: int) -> bool:
         limit = self.limit(tier)
         return limit > 0 and num_waiting >= limit
 
+    def sheds_wait(self, tier: Tier, oldest_wait_ms: float) -> bool:
+        limit = self.wait_limit_ms(tier)
+        return limit > 0 and oldest_wait_ms >= limit
+
 
 class QueueDepth(Protocol):
-    """What the shedding rule reads: requests of a tier waiting now, and when to come back."""
+    """What the shedding rule reads: requests of a tier waiting now, how long the oldest of them has
+    waited, and when to come back."""
 
     def waiting(self, tier: Tier) -> int: ...
+
+    def oldest_wait_ms(self, tier: Tier) -> float: ...
 
     def retry_after_s(self, tier: Tier, limit: int) -> int: ...
 
@@ -109,6 +148,8 @@ class Backlog:
         self._counted_late: dict[Tier, int] = dict.fromkeys(TIERS, 0)
         # Requests per second the workers read from each tier's streams (smoothed).
         self._drain_rps: dict[Tier, float] = dict.fromkeys(TIERS, 0.0)
+        # The last probe per tier: how long its oldest waiting entry had waited (``intake.Lag``).
+        self._oldest_ms: dict[Tier, int] = dict.fromkeys(TIERS, 0)
         self._probed_at: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -120,6 +161,14 @@ class Backlog:
         since_s = time.monotonic() - self._probed_at if self._probed_at is not None else 0.0
         drained = int(self._drain_rps[tier] * since_s)
         return max(self._probed[tier], self._probed[tier] + self._admitted[tier] - drained)
+
+    def oldest_wait_ms(self, tier: Tier) -> float:
+        """How long the tier's oldest waiting entry has waited: at the last probe, in Redis's clock
+        (``intake.Lag.oldest_wait_ms``), and since then by this host's; 0 while none waited then."""
+        waited_ms = self._oldest_ms[tier]
+        if not waited_ms or self._probed_at is None:
+            return 0.0
+        return waited_ms + (time.monotonic() - self._probed_at) * 1000
 
     def admitted(self, tier: Tier, bucket: Bucket, entry_id: str) -> None:
         """This process appended ``entry_id`` to the tier's ``bucket`` stream."""
@@ -155,6 +204,7 @@ class Backlog:
                 counted += len(unprobed) - len(self._unprobed[stream])
                 later += len(self._unprobed[stream])
             waiting = sum(self.depth[tier, bucket] for bucket in BUCKETS)
+            self._oldest_ms[tier] = max(lags[stream].oldest_wait_ms for stream in streams)
             if elapsed > 0:
                 # Read by workers since the last probe: what was there, plus what came, minus what is left.
                 drained = max(0, self._probed[tier] + counted - waiting)

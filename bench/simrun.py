@@ -244,6 +244,7 @@ class _Driver:
             else None
         )
         self.touches: dict[str, Touch] = {}
+        self.now_ms = 0  # the clock at the arrival being admitted (``oldest_wait_ms``)
 
     def _policy(self) -> SchedulingPolicy:
         config = self.config
@@ -267,6 +268,13 @@ class _Driver:
     def waiting(self, tier: Tier) -> int:
         return sum(1 for request in self.scheduler.waiting() if request.tier == tier)
 
+    def oldest_wait_ms(self, tier: Tier) -> float:
+        """Of the requests not started yet (a continuation carries its first arrival; a worker's goes
+        back into the intake stream with a new entry id)."""
+        waiting = (request for request in self.scheduler.waiting() if request.tier == tier and not request.continuation)
+        oldest = min((request.arrival_ms for request in waiting), default=None)
+        return 0.0 if oldest is None else self.now_ms - oldest
+
     def retry_after_s(self, tier: Tier, limit: int) -> int:
         return 1  # a trace does not come back
 
@@ -280,10 +288,9 @@ class _Driver:
             max_tokens=arrival.output_tokens if exact else self.workload.mix(arrival.tier).output_tokens[1],
             sampling=SamplingOptions(ignore_eos=exact),
         )
+        self.now_ms = int(arrival.at_s * 1000)
         try:
-            message = self.admitter.admit_tokens(
-                request, request_id=f"r{arrival.index}", at_ms=int(arrival.at_s * 1000)
-            )
+            message = self.admitter.admit_tokens(request, request_id=f"r{arrival.index}", at_ms=self.now_ms)
         except OverloadedError:
             # Refused before any prediction: reported in the bucket its real length gives (as the
             # live load generator reports every request).

@@ -299,7 +299,7 @@ async def backlog(redis: aioredis.Redis, streams: list[str]) -> dict[str, int]:
     while it has no group): ``lags`` without the ids, one script call for every stream (the worker
     probes ten times a second while busy; a pipeline of one ``XINFO GROUPS`` per stream, each reply
     parsed into dictionaries, cost it about twice the CPU)."""
-    return {stream: lag.waiting for stream, lag in (await lags(redis, streams)).items()}
+    return {stream: lag.waiting for stream, lag in (await lags(redis, streams, oldest=False)).items()}
 
 
 EntryKey = tuple[int, int]
@@ -319,23 +319,38 @@ class Lag:
 
     waiting: int
     upto: EntryKey
+    # How long the oldest waiting entry had waited, in Redis's own clock (its id, which XADD stamps,
+    # against the server's TIME); 0 with none waiting, or when not asked for.
+    oldest_wait_ms: int = 0
 
 
-async def lags(redis: aioredis.Redis, streams: list[str], *, scan: int = QUEUED_TOKENS_SCAN) -> dict[str, Lag]:
+async def lags(
+    redis: aioredis.Redis, streams: list[str], *, scan: int = QUEUED_TOKENS_SCAN, oldest: bool = True
+) -> dict[str, Lag]:
     """``backlog`` for a caller that counts its own appends on top (the API's shedding): it can tell an
-    append the count already holds from a later one, however their round trips overlap."""
-    reply = await scripts.run(redis, LAGS, streams, [WORKER_GROUP, scan])
-    return {
-        stream: Lag(int(waiting), max(entry_key(newest), entry_key(delivered)))
-        for stream, (waiting, newest, delivered) in zip(streams, reply, strict=True)
-    }
+    append the count already holds from a later one, however their round trips overlap. ``oldest``: also
+    time each stream's oldest waiting entry (``Lag.oldest_wait_ms``; one more read per stream)."""
+    reply = await scripts.run(redis, LAGS, streams, [WORKER_GROUP, scan, int(oldest)])
+    found: dict[str, Lag] = {}
+    for stream, (waiting, newest, delivered, first, now_ms) in zip(streams, reply, strict=True):
+        first_ms = entry_key(first)[0]
+        waited_ms = max(0, int(now_ms) - first_ms) if int(waiting) > 0 and first_ms > 0 else 0
+        found[stream] = Lag(int(waiting), max(entry_key(newest), entry_key(delivered)), waited_ms)
+    return found
 
 
 # Per stream (KEYS): the worker group's lag (without the group, the stream's length; where Redis cannot
-# say, the entries after the last delivered one, counted up to ARGV[2]), the id of the newest entry and
-# the group's last delivered id: an entry gone from the stream had been delivered. ARGV: group, scan limit.
+# say, the entries after the last delivered one, counted up to ARGV[2]), the id of the newest entry, the
+# group's last delivered id (an entry gone from the stream had been delivered), the id of the oldest
+# entry not delivered ('0-0': none, or not asked for) and the server's TIME in ms (0: not asked for).
+# ARGV: group, scan limit, 1 to read the oldest.
 LAGS = """
 local out = {}
+local now_ms = 0
+if ARGV[3] == '1' then
+  local now = redis.call('TIME')
+  now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
 for i, stream in ipairs(KEYS) do
   local lag, delivered, grouped = nil, '0-0', false
   local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
@@ -356,7 +371,11 @@ for i, stream in ipairs(KEYS) do
     end
   end
   local newest = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
-  out[i] = {lag, newest[1] and newest[1][1] or '0-0', delivered}
+  local oldest = {}
+  if ARGV[3] == '1' and lag > 0 then
+    oldest = redis.call('XRANGE', stream, grouped and ('(' .. delivered) or '-', '+', 'COUNT', 1)
+  end
+  out[i] = {lag, newest[1] and newest[1][1] or '0-0', delivered, oldest[1] and oldest[1][1] or '0-0', now_ms}
 end
 return out
 """

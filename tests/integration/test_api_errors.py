@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -177,6 +178,38 @@ async def test_a_full_tier_queue_sheds_new_requests_with_429_background_first(re
         lengths = {tier: sum([await stack.redis.xlen(stack.keys.intake(tier, b)) for b in ("short", "medium", "long")])
                    for tier in ("background", "realtime")}  # fmt: skip
         assert lengths == {"background": 3, "realtime": 1}
+
+
+async def test_a_normal_queue_whose_oldest_request_waited_its_bound_sheds_with_429(
+    redis_url: str, tiny_model: Path
+) -> None:
+    # No workers: the first request waits. The normal tier's wait is bounded at 0.4 s, its count is not.
+    limits = {"shed_normal_wait_ms": 400, "shed_probe_interval_s": 0.05}
+    async with running_stack(redis_url, tiny_model, None, **limits) as stack:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as client:
+
+            async def send(tier: str) -> httpx.Response:
+                body = {"prompt": [5, 6, 7], "max_tokens": 4, "tier": tier, "stream": True}
+                async with client.stream("POST", "/v1/completions", json=body, timeout=2) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                    return response
+
+            assert [(await send("normal")).status_code for _ in range(3)] == [200, 200, 200]
+            await asyncio.sleep(0.6)
+            refused = await send("normal")
+            assert refused.status_code == 429, refused.text
+            error = refused.json()["error"]
+            assert error["type"] == "rate_limit_error"
+            assert "the normal queue is backed up (its oldest request has waited" in error["message"]
+            assert "limit 0.4 s" in error["message"]
+            assert 1 <= int(refused.headers["retry-after"]) <= 30
+            # Other tiers have no wait bound by default.
+            assert (await send("background")).status_code == 200
+        lengths = [
+            await stack.redis.xlen(stack.keys.intake("normal", bucket)) for bucket in ("short", "medium", "long")
+        ]
+        assert sum(lengths) == 3, "a 429 never reaches the streams"
 
 
 async def test_a_body_over_the_limit_is_a_413_and_a_wrong_method_says_which_are_allowed(

@@ -260,10 +260,13 @@ async def test_the_api_user_admits_replies_resumes_and_submits_jobs(acl_redis: A
             assert await requests.attach(api, KEYS, "r1", ttl_s=60) == 1
             assert await requests.attachments(api, KEYS, "r1") == 1
             await requests.release(api, KEYS, again, "key-2")
-            # Shedding's probe (XINFO GROUPS, XLEN, the queued-tokens script), readiness, breakers.
+            # Shedding's probe (XINFO GROUPS, XLEN, XRANGE and TIME for the oldest entry's wait, the
+            # queued-tokens script), readiness, breakers.
             backlog = Backlog(api, KEYS, interval_s=0.1)
+            await asyncio.sleep(0.02)
             await backlog.probe()
             assert backlog.depth["normal", "short"] == 2 and backlog.depth["realtime", "short"] == 1
+            assert backlog.oldest_wait_ms("normal") >= 20
             await intake.ensure_groups(worker, KEYS)
             await backlog.probe()
             assert await api.zcount(KEYS.workers, time.time(), "+inf") == 0

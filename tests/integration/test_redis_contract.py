@@ -436,6 +436,35 @@ async def test_backlog_counts_waiting_requests_and_retry_after_follows_the_drain
         await redis.delete(*keys.intake_all())
 
 
+async def test_backlog_times_the_oldest_waiting_entry_in_the_servers_clock(redis: aioredis.Redis) -> None:
+    """The wait is read in Redis's clock (an entry's id, which XADD stamps, against the server's TIME),
+    so no host's clock is compared with it; between probes it grows by this host's time."""
+    keys = Keys(unique_prefix())
+    backlog = Backlog(redis, keys, interval_s=1.0)
+    stream = keys.intake("normal", "medium")
+    seconds, micros = await redis.time()
+    now_ms = seconds * 1000 + micros // 1000
+    try:
+        for ago_ms in (3_000, 1_500, 0):  # entries stamped as if added that long ago
+            await redis.xadd(stream, {"d": b"x"}, id=f"{now_ms - ago_ms}-0")
+        await backlog.probe()
+        assert 3_000 <= backlog.oldest_wait_ms("normal") < 3_200  # no group yet: the whole stream waits
+        assert backlog.oldest_wait_ms("realtime") == 0
+        await intake.ensure_groups(redis, keys)
+        await redis.xreadgroup(intake.WORKER_GROUP, "w", {stream: ">"}, count=1)
+        await backlog.probe()
+        assert 1_500 <= backlog.oldest_wait_ms("normal") < 1_700  # the read one no longer counts
+        await asyncio.sleep(0.3)
+        assert 1_800 <= backlog.oldest_wait_ms("normal") < 2_100  # and the oldest keeps waiting
+        await backlog.probe()
+        assert 1_800 <= backlog.oldest_wait_ms("normal") < 2_100  # with no arrival since: the server's clock
+        await redis.xreadgroup(intake.WORKER_GROUP, "w", {stream: ">"}, count=2)
+        await backlog.probe()
+        assert backlog.oldest_wait_ms("normal") == 0
+    finally:
+        await redis.delete(*keys.intake_all())
+
+
 async def test_an_idle_backlog_probes_seldom_and_again_soon_after_an_admission(redis: aioredis.Redis) -> None:
     """Empty streams and nothing admitted: the probe waits ``idle_s``, not ``interval_s``; this process's
     next admission brings the next probe one interval later, and probes come every ``interval_s`` again

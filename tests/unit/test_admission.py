@@ -16,13 +16,18 @@ from tailcut.errors import InvalidRequestError, ModelNotFoundError, OverloadedEr
 
 
 class Depth:
-    """A fixed queue depth per tier (the API reads it from Redis, the simulator from its queue)."""
+    """A fixed queue depth per tier (the API reads it from Redis, the simulator from its queue), and
+    how long the oldest of each tier's has waited (``waited_ms``)."""
 
-    def __init__(self, **waiting: int) -> None:
+    def __init__(self, waited_ms: dict[Tier, float] | None = None, **waiting: int) -> None:
         self._waiting = waiting
+        self._waited_ms = waited_ms or {}
 
     def waiting(self, tier: Tier) -> int:
         return self._waiting.get(tier, 0)
+
+    def oldest_wait_ms(self, tier: Tier) -> float:
+        return self._waited_ms.get(tier, 0.0)
 
     def retry_after_s(self, tier: Tier, limit: int) -> int:
         return 7
@@ -95,6 +100,24 @@ def test_a_full_tier_is_shed_with_its_retry_after_and_others_are_not() -> None:
     assert admitter(depth=Depth(background=10_000), shed=ShedLimits.never()).admit_tokens(tokens(5, tier="background"))
 
 
+def test_a_tier_whose_oldest_request_waited_its_bound_is_shed_however_short_its_queue() -> None:
+    bounded = ShedLimits(normal_wait_ms=2_000)
+    backed_up = admitter(depth=Depth(waited_ms={"normal": 3_400, "background": 60_000}, normal=3), shed=bounded)
+    with pytest.raises(OverloadedError, match=r"oldest request has waited 3\.4 s, limit 2 s") as caught:
+        backed_up.admit_tokens(tokens(5, tier="normal"))
+    # The queue has had 1.4 s over the bound to drain by then: come back in 2 s.
+    assert (caught.value.tier, caught.value.retry_after_s) == ("normal", 2)
+    # A tier without a wait bound is not timed however long its oldest waited.
+    assert backed_up.admit_tokens(tokens(5, tier="background")).tier == "background"
+    assert admitter(depth=Depth(waited_ms={"normal": 1_999}), shed=bounded).admit_tokens(tokens(5, tier="normal"))
+    # Retry-After stays within 1..30 s.
+    with pytest.raises(OverloadedError) as caught:
+        admitter(depth=Depth(waited_ms={"normal": 600_000}), shed=bounded).admit_tokens(tokens(5, tier="normal"))
+    assert caught.value.retry_after_s == 30
+    # Off by default: a slow engine's queue waits seconds, and a closed-loop client should not be refused.
+    assert admitter(depth=Depth(waited_ms={"normal": 600_000})).admit_tokens(tokens(5, tier="normal"))
+
+
 class Uncountable(Depth):
     """A queue too long to count: only the tiers that are shed may ask (the simulator's saturation
     runs queue thousands per tier, and counting them at every arrival was quadratic)."""
@@ -104,9 +127,14 @@ class Uncountable(Depth):
             raise AssertionError(f"counted the {tier} queue, which is never shed")
         return 0
 
+    def oldest_wait_ms(self, tier: Tier) -> float:
+        if tier != "normal":
+            raise AssertionError(f"timed the {tier} queue, which has no wait bound")
+        return 0.0
+
 
 def test_a_tier_that_is_never_shed_is_not_counted() -> None:
-    shed = ShedLimits(realtime=0, normal=0, background=64)
+    shed = ShedLimits(realtime=0, normal=0, background=64, normal_wait_ms=2_000)
     admit = admitter(depth=Uncountable(), shed=shed)
     assert [admit.admit_tokens(tokens(5, tier=tier)).tier for tier in ("realtime", "normal", "background")] == [
         "realtime",

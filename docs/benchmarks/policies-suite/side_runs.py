@@ -23,7 +23,8 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     workloads at 90, 100 and 120%: ``+``-joined parts ``nr=F`` (the normal tier's room times F),
     ``ch=N`` (the prefill chunk raised to at least N instead of half the budget floor), ``dm=M`` (the
     lower tiers' demand margin; ``off``: no demand term), ``drain=MS`` (``backlog_drain_ms``),
-    ``gmax=N`` (``background_gate_max_waiting``), ``shed=N`` (the background waiting bound), ``bf=N``
+    ``gmax=N`` (``background_gate_max_waiting``), ``shed=N`` (the background waiting bound), ``nw=MS``
+    (the normal tier's wait bound, ``ShedLimits.normal_wait_ms``), ``bf=N``
     (the budget rule's floor, ``BudgetConfig.min_tokens``; the chunk follows half of it unless ``ch``
     is given), ``prog`` (a prompt in prefill counts what is left of it, estimated from the rounds'
     clock and the step time, instead of its whole chunk), ``pace=M`` (the lower tiers' prefill room is
@@ -442,7 +443,9 @@ def grid_variant(spec: str) -> policies.Variant:
             scheduler = replace(scheduler, budget=replace(scheduler.budget, min_tokens=int(value)))
         elif key == "shed":
             shed = replace(shed or ShedLimits.never(), background=int(value))
-        elif key not in ("shipped", "nr", "dm", "ch", "prog", "pace", "tb", "tbn", "tbo", "pipe", "nq", "occ"):
+        elif key == "nw":
+            shed = replace(shed or ShedLimits.never(), normal_wait_ms=int(value))
+        elif key not in ("shipped", "nr", "dm", "ch", "prog", "pace", "tb", "tbn", "tbo", "pipe", "nq", "occ", "nw"):
             raise SystemExit(f"unknown part {part!r}")
     return replace(shipped, label=spec, scheduler=scheduler, shed=shed)
 
