@@ -24,8 +24,11 @@ Adaptive sizes (``SchedulerConfig.adaptive``), from what a worker observes and n
 engine's prefill chunk and the realtime reserve fit a high quantile of the realtime prompts seen (less
 what the engine's prefix cache served of them), so a realtime prompt is prefilled in one step; the
 normal tier's room fits its prompts; the lower tiers' room follows their arrival rate and backlog
-when that is more than the budget rule gives; and background waits while more realtime requests are
-in flight than usual (``background_gate_margin``). The configured chunk and reserve are floors.
+when that is more than the budget rule gives; background waits while more realtime requests are in
+flight than usual (``background_gate_margin``); and while the steps of about a reply's life run slower
+than those of the last half minute (``slow_step_margin``), the lower tiers' room shrinks to a few
+chunks and background waits, so a stretch of large steps ends before the replies decoding through it
+pay for all of it. The configured chunk and reserve are floors.
 
 KV is counted by reservation (``SchedRequest.reserved_kv_tokens``): a request is admitted only if its
 prompt plus the output ``kv_reservation`` expects of its next call fits what the running requests'
@@ -71,6 +74,10 @@ CACHED_SHARE_WEIGHT = 1 / 64
 # The lower tiers' room covers their arrival rate and their backlog (over ``backlog_drain_ms``) with
 # this margin (and a chunk to spare: prompts are admitted in whole chunks).
 DEMAND_MARGIN = 0.5
+# ``TailcutPolicy.slow_steps`` compares the steps of about a realtime reply's life (a chat reply of
+# tens of tokens decodes over as many steps) with those of the last half minute.
+SLOW_STEP_ROUNDS = 40
+SLOW_STEP_WINDOW_MS = 30_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +99,7 @@ class Room:
     decodes: int
     lower_prefill: int
     normal_room: int
-    # Background waits this round: more realtime requests are in flight than usual.
+    # Background waits this round: more realtime requests are in flight than usual, or the steps run slow.
     background_held: bool = False
 
     @property
@@ -149,6 +156,9 @@ class TailcutPolicy(RunningTable):
         self._arrivals_since_normal = NORMAL_ROOM_MEMORY
         self._lower_rate = PrefillRate(window_ms=config.traffic_window_ms)
         self._realtime_in_flight = TimeAverage(window_ms=config.traffic_window_ms)
+        # The step time over about a reply's life, and over the last half minute (``slow_steps``).
+        self._recent_step_ms: float | None = None
+        self._usual_step = TimeAverage(window_ms=SLOW_STEP_WINDOW_MS)
         # The engine's prefill chunk in force: the configured one until the driver applied another.
         # The adaptive sizes act only once it did: they count on the engine chunking as asked.
         self._engine_chunk = config.prefill_chunk_tokens
@@ -343,7 +353,8 @@ class TailcutPolicy(RunningTable):
         holds it beside the decodes and the reserve. The reserve comes on top of it. Background is
         held while more realtime requests are in flight than their recent average allows
         (``background_gate_margin``), unless ``background_gate_max_waiting`` wait (here, or still in
-        the intake streams: ``EngineView.backlog``)."""
+        the intake streams: ``EngineView.backlog``), and while the steps run slow (``slow_steps``),
+        when the prefill room is also ``slow_step_room_chunks`` chunks at most."""
         config = self.config
         chunk = self._engine_chunk
         normal_room = self.normal_room_tokens()
@@ -362,9 +373,14 @@ class TailcutPolicy(RunningTable):
         # Background waiting anywhere: here, and in its intake streams (a live worker reads ahead only
         # ``prefetch`` of them; the simulator holds every one here and reports no backlog).
         background_waiting = len(self._background) + view.backlog_of(tiers=("background",))
+        slow = self.adapting and self.slow_steps(view.step_ms, now_ms)
+        if slow and chunk:
+            # The replies decoding now pay every step of this stretch: it takes no more than a few
+            # lower-tier chunks at a time until the steps are back to usual.
+            lower_prefill = min(lower_prefill, chunk * config.slow_step_room_chunks)
         held = (
             self.adapting
-            and num_realtime > usual * (1 + config.background_gate_margin)
+            and (slow or num_realtime > usual * (1 + config.background_gate_margin))
             and background_waiting < config.background_gate_max_waiting
         )
         return Room(
@@ -376,6 +392,17 @@ class TailcutPolicy(RunningTable):
             normal_room=normal_room,
             background_held=held,
         )
+
+    def slow_steps(self, step_ms: float, now_ms: int) -> bool:
+        """Fold in this round's step time; whether the steps of about a reply's life
+        (``SLOW_STEP_ROUNDS`` rounds) run more than ``slow_step_margin`` above those of the last
+        ``SLOW_STEP_WINDOW_MS``. Both start at the first step seen."""
+        if self._recent_step_ms is None:
+            self._recent_step_ms = self._usual_step.value = step_ms
+        self._recent_step_ms += (step_ms - self._recent_step_ms) / SLOW_STEP_ROUNDS
+        usual = self._usual_step.update(now_ms, step_ms)
+        margin = self.config.slow_step_margin
+        return margin > 0 and self._recent_step_ms > usual * (1 + margin)
 
     @staticmethod
     def _queued_tokens(here: list[SchedRequest], num_elsewhere: int) -> int:

@@ -132,6 +132,12 @@ class SchedulerConfig:
     background_gate_margin: float = 0.1
     # ... unless this many background requests wait (0: never wait so), so its queue stays bounded.
     background_gate_max_waiting: int = 32
+    # While the steps of about a reply's life run more than this share above the steps of the last
+    # half minute, the lower tiers' prefill room is ``slow_step_room_chunks`` chunks at most and
+    # background waits: the realtime replies decoding through a stretch of large steps pay every one of
+    # them, and what the stretch holds back goes through once the steps are back (0: off).
+    slow_step_margin: float = 0.05
+    slow_step_room_chunks: int = 2
     fair_quantum_tokens: int = 512
     fair_min_weight: float = 0.25
     fair_max_weight: float = 8.0
@@ -147,6 +153,11 @@ class SchedulerConfig:
             raise ValueError(
                 "background_gate_margin and background_gate_max_waiting must not be negative (0 waiting: no gate): "
                 f"{self.background_gate_margin}, {self.background_gate_max_waiting}"
+            )
+        if self.slow_step_margin < 0 or self.slow_step_room_chunks < 1:
+            raise ValueError(
+                "slow_step_margin must not be negative (0: off) and slow_step_room_chunks must be at least 1: "
+                f"{self.slow_step_margin}, {self.slow_step_room_chunks}"
             )
         if self.traffic_window_ms < 1 or self.backlog_drain_ms < 1:
             raise ValueError(

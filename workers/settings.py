@@ -193,6 +193,15 @@ class SchedulerSettings(BaseModel):
         ge=0,
         description="... unless this many background requests wait (0: background never waits so).",
     )
+    slow_step_margin: float = Field(
+        _SCHEDULER.slow_step_margin,
+        ge=0,
+        description="While the steps of about a reply's life run this share above those of the last half minute, "
+        "the lower tiers' prefill room shrinks to SLOW_STEP_ROOM_CHUNKS chunks and background waits (0: off).",
+    )
+    slow_step_room_chunks: int = Field(
+        _SCHEDULER.slow_step_room_chunks, ge=1, description="The lower tiers' prefill room then, in prefill chunks."
+    )
     traffic_window_ms: int = Field(
         _SCHEDULER.traffic_window_ms,
         ge=1,
@@ -286,6 +295,8 @@ class SchedulerSettings(BaseModel):
             prompt_window=self.prompt_window,
             background_gate_margin=self.background_gate_margin,
             background_gate_max_waiting=self.background_gate_max_waiting,
+            slow_step_margin=self.slow_step_margin,
+            slow_step_room_chunks=self.slow_step_room_chunks,
             traffic_window_ms=self.traffic_window_ms,
             backlog_drain_ms=self.backlog_drain_ms,
             fair_quantum_tokens=self.fair_quantum_tokens,

@@ -11,7 +11,7 @@ from queues.keys import Bucket, Tier
 from workers.budget import BudgetConfig, PromptLengths
 from workers.engines.costmodel import PROFILES
 from workers.engines.sim import SimEngine
-from workers.scheduler import TailcutPolicy
+from workers.scheduler import Room, TailcutPolicy
 from workers.scheduling import EngineView, SchedRequest, SchedulerConfig
 
 _ids = itertools.count()
@@ -252,3 +252,33 @@ def test_until_the_driver_applies_the_chunk_the_configured_policy_holds() -> Non
     # fill the 768 the budget floor leaves; chunks of 512 with a normal chunk's room kept: one.
     assert admitted(follows=False) == ["background"] * 3
     assert admitted(follows=True) == ["background"]
+
+
+def test_while_the_steps_run_slow_the_lower_tiers_get_a_few_chunks_and_background_waits() -> None:
+    def sizes(margin: float, steps_ms: list[float], *, max_waiting: int = 1_000) -> Room:
+        """The room after 30 s of 14-ms steps, then ``steps_ms`` one round each, 14 ms apart."""
+        config = SchedulerConfig(slow_step_margin=margin, background_gate_max_waiting=max_waiting)
+        scheduler = TailcutPolicy(config)
+        scheduler.prefill_chunk_applied(512)
+        for index in range(200):  # 200 background requests wait, as many realtime ones run as usual
+            scheduler.add(make("background", prompt=4000, arrival_ms=index))
+        now_ms = 0
+        for step_ms in [14.0] * 2_000 + steps_ms:
+            room = scheduler.room(roomy(step_ms=step_ms), now_ms=now_ms)
+            now_ms += 14
+        return room
+
+    usual = sizes(0.05, [])
+    assert not usual.background_held and usual.lower_prefill > 2 * 512
+    # 40 steps of 17 ms (a reply's life, 21% slower than usual): two chunks, and background waits.
+    slow = sizes(0.05, [17.0] * 40)
+    assert slow.background_held and slow.lower_prefill == 2 * 512
+    assert not sizes(0.05, [17.0] * 3).background_held  # a few slow steps are not a stretch
+    assert not sizes(0.25, [17.0] * 40).background_held  # within the margin
+    assert not sizes(0.0, [17.0] * 40).background_held  # 0: off
+    # As many background requests wait as the gate's bound: background goes, in the two chunks.
+    bounded = sizes(0.05, [17.0] * 40, max_waiting=200)
+    assert not bounded.background_held and bounded.lower_prefill == 2 * 512
+    # Back to usual steps for a while: the room is back.
+    back = sizes(0.05, [17.0] * 40 + [14.0] * 200)
+    assert not back.background_held and back.lower_prefill > 2 * 512

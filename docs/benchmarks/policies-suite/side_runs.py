@@ -24,7 +24,8 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     ``ch=N`` (the prefill chunk raised to at least N instead of half the budget floor), ``dm=M`` (the
     lower tiers' demand margin; ``off``: no demand term), ``drain=MS`` (``backlog_drain_ms``),
     ``gmax=N`` (``background_gate_max_waiting``), ``shed=N`` (the background waiting bound), ``nw=MS``
-    (the normal tier's wait bound, ``ShedLimits.normal_wait_ms``), ``bf=N``
+    (the normal tier's wait bound, ``ShedLimits.normal_wait_ms``), ``sm=X`` and ``sk=N``
+    (``slow_step_margin``, 0: off, and ``slow_step_room_chunks``), ``bf=N``
     (the budget rule's floor, ``BudgetConfig.min_tokens``; the chunk follows half of it unless ``ch``
     is given), ``prog`` (a prompt in prefill counts what is left of it, estimated from the rounds'
     clock and the step time, instead of its whole chunk), ``pace=M`` (the lower tiers' prefill room is
@@ -428,6 +429,25 @@ def count_progress() -> None:
     schedmod.TailcutPolicy.schedule = counting  # type: ignore[method-assign]
 
 
+GRID_PARTS = (
+    "shipped",
+    "nr",
+    "dm",
+    "ch",
+    "prog",
+    "pace",
+    "tb",
+    "tbn",
+    "tbo",
+    "pipe",
+    "nq",
+    "occ",
+    "nw",
+    "sm",
+    "sk",
+)
+
+
 def grid_variant(spec: str) -> policies.Variant:
     shipped = policy_variant("tailcut")
     scheduler, shed = shipped.scheduler, shipped.shed
@@ -445,7 +465,11 @@ def grid_variant(spec: str) -> policies.Variant:
             shed = replace(shed or ShedLimits.never(), background=int(value))
         elif key == "nw":
             shed = replace(shed or ShedLimits.never(), normal_wait_ms=int(value))
-        elif key not in ("shipped", "nr", "dm", "ch", "prog", "pace", "tb", "tbn", "tbo", "pipe", "nq", "occ", "nw"):
+        elif key == "sm":
+            scheduler = replace(scheduler, slow_step_margin=float(value))
+        elif key == "sk":
+            scheduler = replace(scheduler, slow_step_room_chunks=int(value))
+        elif key not in GRID_PARTS:
             raise SystemExit(f"unknown part {part!r}")
     return replace(shipped, label=spec, scheduler=scheduler, shed=shed)
 
