@@ -135,8 +135,11 @@ class SchedulerConfig:
     # While the steps of about a reply's life run more than this share above the steps of the last
     # half minute, the lower tiers' prefill room is ``slow_step_room_chunks`` chunks at most and
     # background waits: the realtime replies decoding through a stretch of large steps pay every one of
-    # them, and what the stretch holds back goes through once the steps are back (0: off).
-    slow_step_margin: float = 0.05
+    # them, and what the stretch holds back goes through once the steps are back. 0 (the default):
+    # off. 0.05 takes the realtime tail from 1.04-1.13x the floor to 1.01-1.11x on the shipped workloads
+    # and seeds, and background at 90% on seed-mix to the 0.95x line (BENCHMARKS.md "The steps of a
+    # reply's life").
+    slow_step_margin: float = 0.0
     slow_step_room_chunks: int = 2
     fair_quantum_tokens: int = 512
     fair_min_weight: float = 0.25
