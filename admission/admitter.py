@@ -75,28 +75,25 @@ class Admitter:
         """Refuse with ``OverloadedError`` (429, ``Retry-After``) while the tier's queue is at its limit:
         as many requests as it may hold, or an oldest one that has waited as long as it may."""
         shed, depth = self.config.shed, self._queue_depth
-        if depth is None or not shed.counts(tier):
-            return  # no limit to check: the queue is not counted
-        if shed.limit(tier) > 0:
-            waiting = depth.waiting(tier)
-            if shed.sheds(tier, waiting):
-                limit = shed.limit(tier)
-                raise OverloadedError(
-                    f"the {tier} queue is full ({waiting} requests waiting, limit {limit}); retry later",
-                    tier=tier,
-                    retry_after_s=depth.retry_after_s(tier, limit),
-                )
-        if shed.wait_limit_ms(tier) > 0:
-            waited_ms = depth.oldest_wait_ms(tier)
-            if shed.sheds_wait(tier, waited_ms):
-                limit_s = shed.wait_limit_ms(tier) / 1000
-                raise OverloadedError(
-                    f"the {tier} queue is backed up (its oldest request has waited {waited_ms / 1000:.1f} s, "
-                    f"limit {limit_s:g} s); retry later",
-                    tier=tier,
-                    # By then the queue has had as long as its oldest request is over the bound to drain.
-                    retry_after_s=max(1, min(RETRY_AFTER_MAX_S, math.ceil(waited_ms / 1000 - limit_s))),
-                )
+        if depth is None:
+            return  # nothing counts the queue
+        # A tier without a bound is not measured (the simulator's saturation runs queue thousands).
+        limit = shed.limit(tier)
+        if limit > 0 and shed.sheds(tier, waiting := depth.waiting(tier)):
+            raise OverloadedError(
+                f"the {tier} queue is full ({waiting} requests waiting, limit {limit}); retry later",
+                tier=tier,
+                retry_after_s=depth.retry_after_s(tier, limit),
+            )
+        wait_limit_s = shed.wait_limit_ms(tier) / 1000
+        if wait_limit_s > 0 and (waited_s := depth.oldest_wait_ms(tier) / 1000) >= wait_limit_s:
+            raise OverloadedError(
+                f"the {tier} queue is backed up (its oldest request has waited {waited_s:.1f} s, "
+                f"limit {wait_limit_s:g} s); retry later",
+                tier=tier,
+                # By then the queue has had as long as its oldest request is over the bound to drain.
+                retry_after_s=max(1, min(RETRY_AFTER_MAX_S, math.ceil(waited_s - wait_limit_s))),
+            )
 
     async def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids, tokenized once here with the served model's tokenizer."""

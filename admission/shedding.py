@@ -100,17 +100,9 @@ class ShedLimits:
         """No tier is ever shed (the baselines: a plain engine server queues everything)."""
         return cls(realtime=0, normal=0, background=0, realtime_wait_ms=0, normal_wait_ms=0, background_wait_ms=0)
 
-    def counts(self, tier: Tier) -> bool:
-        """Whether the tier has a bound at all (a queue no bound reads is not measured)."""
-        return self.limit(tier) > 0 or self.wait_limit_ms(tier) > 0
-
     def sheds(self, tier: Tier, num_waiting: int) -> bool:
         limit = self.limit(tier)
         return limit > 0 and num_waiting >= limit
-
-    def sheds_wait(self, tier: Tier, oldest_wait_ms: float) -> bool:
-        limit = self.wait_limit_ms(tier)
-        return limit > 0 and oldest_wait_ms >= limit
 
 
 class QueueDepth(Protocol):

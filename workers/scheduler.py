@@ -396,13 +396,14 @@ class TailcutPolicy(RunningTable):
     def slow_steps(self, step_ms: float, now_ms: int) -> bool:
         """Fold in this round's step time; whether the steps of about a reply's life
         (``SLOW_STEP_ROUNDS`` rounds) run more than ``slow_step_margin`` above those of the last
-        ``SLOW_STEP_WINDOW_MS``. Both start at the first step seen."""
+        ``SLOW_STEP_WINDOW_MS``. Both start at the first step seen; with the rule off, nothing is kept."""
+        margin = self.config.slow_step_margin
+        if margin <= 0:
+            return False
         if self._recent_step_ms is None:
             self._recent_step_ms = self._usual_step.value = step_ms
         self._recent_step_ms += (step_ms - self._recent_step_ms) / SLOW_STEP_ROUNDS
-        usual = self._usual_step.update(now_ms, step_ms)
-        margin = self.config.slow_step_margin
-        return margin > 0 and self._recent_step_ms > usual * (1 + margin)
+        return self._recent_step_ms > self._usual_step.update(now_ms, step_ms) * (1 + margin)
 
     @staticmethod
     def _queued_tokens(here: list[SchedRequest], num_elsewhere: int) -> int:
