@@ -163,10 +163,13 @@ def worker_env(config: SimConfig, time_scale: float) -> dict[str, str]:
         "FAIR_MAX_WEIGHT": repr(scheduler.fair_max_weight),
         # The scheduler's clock-based sizes follow the stretched clock too: a window of 5 real s would
         # average over 5 / time_scale simulated s, and a backlog drained "in 20 s" would take 16 times
-        # the room at ×16. The prefix keep-alive keeps a turn for as long in simulated time, and touches it
-        # as often (its period's floor and the windows of the allocation rate it is estimated from).
+        # the room at ×16; the usual step time the slow-step rule compares with is averaged over as long in
+        # simulated time (a reply's life is counted in steps, stretched already). The prefix keep-alive
+        # keeps a turn for as long in simulated time, and touches it as often (its period's floor and the
+        # windows of the allocation rate it is estimated from).
         "TRAFFIC_WINDOW_MS": round(scheduler.traffic_window_ms * time_scale),
         "BACKLOG_DRAIN_MS": round(scheduler.backlog_drain_ms * time_scale),
+        "SLOW_STEP_WINDOW_MS": round(scheduler.slow_step_window_ms * time_scale),
         "KEEP_ALIVE_TTL_S": repr(scheduler.keep_alive.ttl_ms / 1000 * time_scale),
         "KEEP_ALIVE_MIN_PERIOD_MS": round(scheduler.keep_alive.min_period_ms * time_scale),
         "KEEP_ALIVE_ALLOCATION_WINDOWS_MS": orjson.dumps(

@@ -75,9 +75,8 @@ CACHED_SHARE_WEIGHT = 1 / 64
 # this margin (and a chunk to spare: prompts are admitted in whole chunks).
 DEMAND_MARGIN = 0.5
 # ``TailcutPolicy.slow_steps`` compares the steps of about a realtime reply's life (a chat reply of
-# tens of tokens decodes over as many steps) with those of the last half minute.
+# tens of tokens decodes over as many steps) with the usual ones (``slow_step_window_ms``).
 SLOW_STEP_ROUNDS = 40
-SLOW_STEP_WINDOW_MS = 30_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +155,10 @@ class TailcutPolicy(RunningTable):
         self._arrivals_since_normal = NORMAL_ROOM_MEMORY
         self._lower_rate = PrefillRate(window_ms=config.traffic_window_ms)
         self._realtime_in_flight = TimeAverage(window_ms=config.traffic_window_ms)
-        # The step time over about a reply's life, and over the last half minute (``slow_steps``).
-        self._recent_step_ms: float | None = None
-        self._usual_step = TimeAverage(window_ms=SLOW_STEP_WINDOW_MS)
+        # The step time over about a reply's life, and the usual one (``slow_steps``).
+        self._recent_step = TimeAverage(window_ms=1.0)
+        self._usual_step = TimeAverage(window_ms=config.slow_step_window_ms)
+        self._steps_seen = False
         # The engine's prefill chunk in force: the configured one until the driver applied another.
         # The adaptive sizes act only once it did: they count on the engine chunking as asked.
         self._engine_chunk = config.prefill_chunk_tokens
@@ -394,16 +394,20 @@ class TailcutPolicy(RunningTable):
         )
 
     def slow_steps(self, step_ms: float, now_ms: int) -> bool:
-        """Fold in this round's step time; whether the steps of about a reply's life
-        (``SLOW_STEP_ROUNDS`` rounds) run more than ``slow_step_margin`` above those of the last
-        ``SLOW_STEP_WINDOW_MS``. Both start at the first step seen; with the rule off, nothing is kept."""
+        """Fold in this round's step time; whether the steps of about a reply's life run more than
+        ``slow_step_margin`` above those of the last ``slow_step_window_ms``. Both are averages over
+        the scheduler's clock, a reply's life being ``SLOW_STEP_ROUNDS`` usual steps long: a live
+        worker also runs a round per arrival and per tick, so its rounds are not steps. Both start at
+        the first step seen; with the rule off, nothing is kept."""
         margin = self.config.slow_step_margin
         if margin <= 0:
             return False
-        if self._recent_step_ms is None:
-            self._recent_step_ms = self._usual_step.value = step_ms
-        self._recent_step_ms += (step_ms - self._recent_step_ms) / SLOW_STEP_ROUNDS
-        return self._recent_step_ms > self._usual_step.update(now_ms, step_ms) * (1 + margin)
+        recent, usual = self._recent_step, self._usual_step
+        if not self._steps_seen:
+            recent.value = usual.value = step_ms
+            self._steps_seen = True
+        recent.window_ms = SLOW_STEP_ROUNDS * max(usual.value, 1.0)
+        return recent.update(now_ms, step_ms) > usual.update(now_ms, step_ms) * (1 + margin)
 
     @staticmethod
     def _queued_tokens(here: list[SchedRequest], num_elsewhere: int) -> int:

@@ -135,12 +135,14 @@ class SchedulerConfig:
     # While the steps of about a reply's life run more than this share above the steps of the last
     # half minute, the lower tiers' prefill room is ``slow_step_room_chunks`` chunks at most and
     # background waits: the realtime replies decoding through a stretch of large steps pay every one of
-    # them, and what the stretch holds back goes through once the steps are back. 0 (the default):
-    # off. 0.05 takes the realtime tail from 1.04-1.13x the floor to 1.01-1.11x on the shipped workloads
-    # and seeds, and background at 90% on seed-mix to the 0.95x line (BENCHMARKS.md "The steps of a
-    # reply's life").
-    slow_step_margin: float = 0.0
+    # them, and what the stretch holds back goes through once the steps are back. 0: off. At 0.07 the
+    # realtime tail on the shipped workloads and seeds is 1.04-1.11x the floor (1.04-1.13x without),
+    # background at 90% on seed-mix 0.96-0.97x fifo's (0.98x without); at 0.05 it is 0.94-0.96x
+    # (BENCHMARKS.md "The steps of a reply's life").
+    slow_step_margin: float = 0.07
     slow_step_room_chunks: int = 2
+    # "Usual" is the step time averaged over this long of the scheduler's clock.
+    slow_step_window_ms: int = 30_000
     fair_quantum_tokens: int = 512
     fair_min_weight: float = 0.25
     fair_max_weight: float = 8.0
@@ -157,10 +159,10 @@ class SchedulerConfig:
                 "background_gate_margin and background_gate_max_waiting must not be negative (0 waiting: no gate): "
                 f"{self.background_gate_margin}, {self.background_gate_max_waiting}"
             )
-        if self.slow_step_margin < 0 or self.slow_step_room_chunks < 1:
+        if self.slow_step_margin < 0 or self.slow_step_room_chunks < 1 or self.slow_step_window_ms < 1:
             raise ValueError(
-                "slow_step_margin must not be negative (0: off) and slow_step_room_chunks must be at least 1: "
-                f"{self.slow_step_margin}, {self.slow_step_room_chunks}"
+                "slow_step_margin must not be negative (0: off), slow_step_room_chunks and slow_step_window_ms must "
+                f"be at least 1: {self.slow_step_margin}, {self.slow_step_room_chunks}, {self.slow_step_window_ms}"
             )
         if self.traffic_window_ms < 1 or self.backlog_drain_ms < 1:
             raise ValueError(

@@ -202,6 +202,9 @@ class SchedulerSettings(BaseModel):
     slow_step_room_chunks: int = Field(
         _SCHEDULER.slow_step_room_chunks, ge=1, description="The lower tiers' prefill room then, in prefill chunks."
     )
+    slow_step_window_ms: int = Field(
+        _SCHEDULER.slow_step_window_ms, ge=1, description="The usual step time is averaged over this long."
+    )
     traffic_window_ms: int = Field(
         _SCHEDULER.traffic_window_ms,
         ge=1,
@@ -297,6 +300,7 @@ class SchedulerSettings(BaseModel):
             background_gate_max_waiting=self.background_gate_max_waiting,
             slow_step_margin=self.slow_step_margin,
             slow_step_room_chunks=self.slow_step_room_chunks,
+            slow_step_window_ms=self.slow_step_window_ms,
             traffic_window_ms=self.traffic_window_ms,
             backlog_drain_ms=self.backlog_drain_ms,
             fair_quantum_tokens=self.fair_quantum_tokens,

@@ -178,6 +178,7 @@ def test_the_live_worker_runs_the_virtual_runs_engine_and_scheduler_with_times_s
             budget=scaled,
             traffic_window_ms=virtual.traffic_window_ms * 8,
             backlog_drain_ms=virtual.backlog_drain_ms * 8,
+            slow_step_window_ms=virtual.slow_step_window_ms * 8,
             keep_alive=keep_alive,
         )
     # The breakers and the heartbeat fallback judge real-time latencies: stretched by the time scale,

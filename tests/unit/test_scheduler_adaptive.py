@@ -255,17 +255,17 @@ def test_until_the_driver_applies_the_chunk_the_configured_policy_holds() -> Non
 
 
 def test_while_the_steps_run_slow_the_lower_tiers_get_a_few_chunks_and_background_waits() -> None:
-    def sizes(margin: float, steps_ms: list[float], *, max_waiting: int = 1_000) -> Room:
-        """The room after 30 s of 14-ms steps, then ``steps_ms`` one round each, 14 ms apart."""
+    def sizes(margin: float, steps_ms: list[float], *, max_waiting: int = 1_000, apart_ms: int = 14) -> Room:
+        """The room after 30 s of 14-ms steps, then ``steps_ms`` one round each, ``apart_ms`` apart."""
         config = SchedulerConfig(slow_step_margin=margin, background_gate_max_waiting=max_waiting)
         scheduler = TailcutPolicy(config)
         scheduler.prefill_chunk_applied(512)
         for index in range(200):  # 200 background requests wait, as many realtime ones run as usual
             scheduler.add(make("background", prompt=4000, arrival_ms=index))
         now_ms = 0
-        for step_ms in [14.0] * 2_000 + steps_ms:
+        for index, step_ms in enumerate([14.0] * 2_000 + steps_ms):
             room = scheduler.room(roomy(step_ms=step_ms), now_ms=now_ms)
-            now_ms += 14
+            now_ms += 14 if index < 2_000 else apart_ms
         return room
 
     usual = sizes(0.05, [])
@@ -274,6 +274,8 @@ def test_while_the_steps_run_slow_the_lower_tiers_get_a_few_chunks_and_backgroun
     slow = sizes(0.05, [17.0] * 40)
     assert slow.background_held and slow.lower_prefill == 2 * 512
     assert not sizes(0.05, [17.0] * 3).background_held  # a few slow steps are not a stretch
+    # A live worker runs rounds on arrivals and ticks too: 40 rounds over 3 steps' time are not a stretch.
+    assert not sizes(0.05, [17.0] * 40, apart_ms=1).background_held
     assert not sizes(0.25, [17.0] * 40).background_held  # within the margin
     assert not sizes(0.0, [17.0] * 40).background_held  # 0: off
     # As many background requests wait as the gate's bound: background goes, in the two chunks.

@@ -25,7 +25,10 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     lower tiers' demand margin; ``off``: no demand term), ``drain=MS`` (``backlog_drain_ms``),
     ``gmax=N`` (``background_gate_max_waiting``), ``shed=N`` (the background waiting bound), ``nw=MS``
     (the normal tier's wait bound, ``ShedLimits.normal_wait_ms``), ``sm=X`` and ``sk=N``
-    (``slow_step_margin``, 0: off, and ``slow_step_room_chunks``), ``bf=N``
+    (``slow_step_margin``, 0: off, and ``slow_step_room_chunks``), ``sb`` (the slow-step rule caps
+    the room but does not hold background: ``slow_steps_keep_background``), ``sr=M`` (that cap is at
+    least the lower tiers' arrival rate times ``1 + M`` plus a chunk, and background is held by the
+    realtime gate only: ``slow_steps_keep_pace``), ``bf=N``
     (the budget rule's floor, ``BudgetConfig.min_tokens``; the chunk follows half of it unless ``ch``
     is given), ``prog`` (a prompt in prefill counts what is left of it, estimated from the rounds'
     clock and the step time, instead of its whole chunk), ``pace=M`` (the lower tiers' prefill room is
@@ -225,9 +228,57 @@ def patch_sizes(spec: str) -> None:
             drain_normal(float(value))
         elif key == "occ":
             count_occupancy(float(value))
+        elif key == "sb":
+            slow_steps_keep_background()
+        elif key == "sr":
+            slow_steps_keep_pace(float(value))
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
+
+
+def slow_steps_keep_background() -> None:
+    """While the steps run slow (``slow_steps``) the lower tiers' room is capped as shipped, but
+    background is held only by the realtime gate, as with the rule off."""
+    policy = schedmod.TailcutPolicy
+    room = policy.room
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        sizes = room(self, view, now_ms)
+        if not sizes.background_held:
+            return sizes
+        config = self.config
+        num_realtime = sum(1 for request in self._running.values() if request.tier == "realtime")
+        waiting = len(self._background) + view.backlog_of(tiers=("background",))
+        gated = num_realtime > self._realtime_in_flight.value * (1 + config.background_gate_margin)
+        return replace(sizes, background_held=gated and waiting < config.background_gate_max_waiting)
+
+    policy.room = sizing  # type: ignore[method-assign]
+
+
+def slow_steps_keep_pace(margin: float) -> None:
+    """While the steps run slow (``slow_steps``) the lower tiers' room is capped at
+    ``slow_step_room_chunks`` chunks or their arrival rate at the current step time times
+    ``1 + margin`` plus a chunk, whichever is more: a stretch of large steps takes no more than
+    the lower tiers bring, so their backlog does not grow through it (the rule as shipped caps at the
+    chunks alone)."""
+    policy = schedmod.TailcutPolicy
+    room, slow_steps = policy.room, policy.slow_steps
+
+    def slowing(self: Any, step_ms: float, now_ms: int) -> bool:
+        self.side_slow = slow_steps(self, step_ms, now_ms)
+        return False
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        sizes = room(self, view, now_ms)
+        if not getattr(self, "side_slow", False) or not sizes.chunk:
+            return sizes
+        pace = view.step_ms * self._lower_rate.tokens_per_ms * (1 + margin) + sizes.chunk
+        cap = max(sizes.chunk * self.config.slow_step_room_chunks, int(pace))
+        return replace(sizes, lower_prefill=min(sizes.lower_prefill, cap))
+
+    policy.slow_steps = slowing  # type: ignore[method-assign]
+    policy.room = sizing  # type: ignore[method-assign]
 
 
 def pace_lower_tiers(margin: float) -> None:
@@ -445,6 +496,8 @@ GRID_PARTS = (
     "nw",
     "sm",
     "sk",
+    "sb",
+    "sr",
 )
 
 
