@@ -25,10 +25,10 @@ engine's prefill chunk and the realtime reserve fit a high quantile of the realt
 what the engine's prefix cache served of them), so a realtime prompt is prefilled in one step; the
 normal tier's room fits its prompts; the lower tiers' room follows their arrival rate and backlog
 when that is more than the budget rule gives; background waits while more realtime requests are in
-flight than usual (``background_gate_margin``); and while the steps of about a reply's life run slower
-than those of the last half minute (``slow_step_margin``, off by default), the lower tiers' room
-shrinks to a few chunks and background waits, so a stretch of large steps ends before the replies
-decoding through it pay for all of it. The configured chunk and reserve are floors.
+flight than usual (``background_gate_margin``); and while the steps of about a reply's life run
+``slow_step_margin`` (7%) slower than those of the last half minute (``slow_step_window_ms``), the
+lower tiers' room shrinks to a few chunks and background waits, so a stretch of large steps ends
+before the replies decoding through it pay for all of it. The configured chunk and reserve are floors.
 
 KV is counted by reservation (``SchedRequest.reserved_kv_tokens``): a request is admitted only if its
 prompt plus the output ``kv_reservation`` expects of its next call fits what the running requests'

@@ -39,7 +39,9 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     chunk), ``occ=L`` (the lower tiers' arrival rate counts each prompt's chunk for its chunks plus L
     rounds: ``count_occupancy``), ``nq=MS`` (the normal tier may go past the lower tiers' limit by its
     backlog drained over MS: ``drain_normal``),
-    ``noadapt`` (the policy before issue 12), ``shipped``.
+    ``noadapt`` (the policy before issue 12), ``shipped`` (the policy as it ships now: since 10df589
+    with the slow-step rule on, so the sections of BENCHMARKS.md written before it ran ``shipped``
+    as ``sm=0`` does now).
     ``SIDE_WORKLOADS=seed-mix`` runs only the workloads named. One line per variant: the suite's targets
     (``bench.policies.check_targets``) with the baselines' rows of each workload's ``results.json``, the
     misses, seed-mix's figures, and (on this folder's traces) those that fell below the policy before
