@@ -28,7 +28,10 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     (``slow_step_margin``, 0: off, and ``slow_step_room_chunks``), ``sb`` (the slow-step rule caps
     the room but does not hold background: ``slow_steps_keep_background``), ``sr=M`` (that cap is at
     least the lower tiers' arrival rate times ``1 + M`` plus a chunk, and background is held by the
-    realtime gate only: ``slow_steps_keep_pace``), ``bf=N``
+    realtime gate only: ``slow_steps_keep_pace``), ``sw=N`` (the rule's recent steps are ``N`` usual
+    steps long, not ``SLOW_STEP_ROUNDS``), ``st=F`` (the rule's cap is ``F`` times the lower tiers'
+    usual prompt tokens in flight, not chunks: ``slow_steps_usual_room``), ``sq=N`` (the cap is ``N``
+    chunks while fewer background requests wait than the gate's bound: ``slow_steps_short_queue``), ``bf=N``
     (the budget rule's floor, ``BudgetConfig.min_tokens``; the chunk follows half of it unless ``ch``
     is given), ``prog`` (a prompt in prefill counts what is left of it, estimated from the rounds'
     clock and the step time, instead of its whole chunk), ``pace=M`` (the lower tiers' prefill room is
@@ -70,7 +73,7 @@ from bench.stats import field_of, summarize
 from bench.workloads import make_trace, workload_and_cost
 from queues.keys import Tier
 from workers import scheduler as schedmod
-from workers.budget import PrefillRate
+from workers.budget import PrefillRate, TimeAverage
 from workers.engines import sim as simmod
 
 # The suite run whose traces, capacities and baselines the side runs use: this folder's (seed 0, 120
@@ -234,6 +237,12 @@ def patch_sizes(spec: str) -> None:
             slow_steps_keep_background()
         elif key == "sr":
             slow_steps_keep_pace(float(value))
+        elif key == "sw":
+            schedmod.SLOW_STEP_ROUNDS = int(value)
+        elif key == "st":
+            slow_steps_usual_room(float(value))
+        elif key == "sq":
+            slow_steps_short_queue(int(value))
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
@@ -278,6 +287,61 @@ def slow_steps_keep_pace(margin: float) -> None:
         pace = view.step_ms * self._lower_rate.tokens_per_ms * (1 + margin) + sizes.chunk
         cap = max(sizes.chunk * self.config.slow_step_room_chunks, int(pace))
         return replace(sizes, lower_prefill=min(sizes.lower_prefill, cap))
+
+    policy.slow_steps = slowing  # type: ignore[method-assign]
+    policy.room = sizing  # type: ignore[method-assign]
+
+
+def slow_steps_usual_room(share: float) -> None:
+    """While the steps run slow (``slow_steps``) the lower tiers' room is capped at ``share`` times
+    their prompt tokens in flight averaged over ``slow_step_window_ms`` (one chunk at least), instead of
+    ``slow_step_room_chunks`` chunks: a cap in the workload's own tokens, not in chunks, whose size
+    follows the realtime prompts."""
+    policy = schedmod.TailcutPolicy
+    room, slow_steps = policy.room, policy.slow_steps
+
+    def slowing(self: Any, step_ms: float, now_ms: int) -> bool:
+        self.side_slow = slow_steps(self, step_ms, now_ms)
+        return False
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        sizes = room(self, view, now_ms)
+        usual = self.__dict__.get("_side_in_flight")
+        if usual is None:
+            usual = self.__dict__["_side_in_flight"] = TimeAverage(window_ms=self.config.slow_step_window_ms)
+        in_flight = sum(self._chunk(tokens, sizes) for tokens, tier in self._prefilling.values() if tier != "realtime")
+        average = usual.update(now_ms, in_flight)
+        if not getattr(self, "side_slow", False) or not sizes.chunk:
+            return sizes
+        cap = max(sizes.chunk, int(share * average))
+        waiting = len(self._background) + view.backlog_of(tiers=("background",))
+        held = sizes.background_held or waiting < self.config.background_gate_max_waiting
+        return replace(sizes, lower_prefill=min(sizes.lower_prefill, cap), background_held=held)
+
+    policy.slow_steps = slowing  # type: ignore[method-assign]
+    policy.room = sizing  # type: ignore[method-assign]
+
+
+def slow_steps_short_queue(num_chunks: int) -> None:
+    """While the steps run slow (``slow_steps``) and fewer background requests wait than the
+    background gate's bound (``background_gate_max_waiting``), the lower tiers' room is capped at
+    ``num_chunks`` chunks instead of ``slow_step_room_chunks``: a short queue can wait out the stretch
+    without reaching the bound where background is refused, a long one cannot."""
+    policy = schedmod.TailcutPolicy
+    room, slow_steps = policy.room, policy.slow_steps
+
+    def slowing(self: Any, step_ms: float, now_ms: int) -> bool:
+        self.side_slow = slow_steps(self, step_ms, now_ms)
+        return bool(self.side_slow)
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        sizes = room(self, view, now_ms)
+        waiting = len(self._background) + view.backlog_of(tiers=("background",))
+        if not getattr(self, "side_slow", False) or not sizes.chunk:
+            return sizes
+        if waiting >= self.config.background_gate_max_waiting:
+            return sizes
+        return replace(sizes, lower_prefill=min(sizes.lower_prefill, sizes.chunk * num_chunks))
 
     policy.slow_steps = slowing  # type: ignore[method-assign]
     policy.room = sizing  # type: ignore[method-assign]
@@ -500,6 +564,9 @@ GRID_PARTS = (
     "sk",
     "sb",
     "sr",
+    "sw",
+    "st",
+    "sq",
 )
 
 
