@@ -84,10 +84,12 @@ class PromptLengths:
     prefill chunk and the per-step room by, instead of constants that fit one mix.
 
     Keeps the last ``window`` lengths (sorted too, so a quantile costs one index); ``size()`` is the
-    ``quantile`` of them rounded up to whole ``grain``-token blocks, ``None`` until ``min_samples``
-    were seen. It follows the lengths with hysteresis, so the engine setting made from it moves
-    rarely: up at once (a chunk too small splits prompts), down only once the quantile fell a whole
-    ``shrink_tokens`` below it.
+    ``quantile`` of them times the ``scale`` last observed with (the share of a prompt the engine
+    computes: what its prefix cache does not serve), rounded up to whole ``grain``-token blocks,
+    ``None`` until ``min_samples`` were seen. The scale applies to the whole window, so a share learned
+    late does not leave the prompts seen before it counted whole. It follows the lengths with
+    hysteresis, so the engine setting made from it moves rarely: up at once (a chunk too small splits
+    prompts), down only once the quantile fell a whole ``shrink_tokens`` below it.
     """
 
     def __init__(
@@ -105,7 +107,7 @@ class PromptLengths:
     def __len__(self) -> int:
         return len(self._recent)
 
-    def observe(self, num_tokens: int) -> None:
+    def observe(self, num_tokens: int, scale: float = 1.0) -> None:
         if len(self._recent) == self.window:
             oldest = self._recent.popleft()
             del self._sorted[bisect.bisect_left(self._sorted, oldest)]
@@ -114,7 +116,7 @@ class PromptLengths:
         if len(self._sorted) < self.min_samples:
             return
         index = min(len(self._sorted) - 1, max(0, math.ceil(self.quantile * len(self._sorted)) - 1))
-        size = -(-self._sorted[index] // self.grain) * self.grain
+        size = -(-math.ceil(self._sorted[index] * scale) // self.grain) * self.grain
         if self._size is None or size > self._size or size <= self._size - self.shrink_tokens:
             self._size = size
 

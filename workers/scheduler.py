@@ -38,7 +38,6 @@ reservations leave, and the same figure decides yields and how many background r
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -69,7 +68,9 @@ def _urgency(request: SchedRequest) -> tuple[int, ...]:
 # The normal tier's room is held free of background while a normal request arrived among the last
 # this many arrivals (of any tier): room kept for a tier that stopped sending is throughput lost.
 NORMAL_ROOM_MEMORY = 256
-# Weight of the newest request in a tier's cached share (``TailcutPolicy.prompt_cached``).
+# Weight of the newest request in a tier's cached share (``TailcutPolicy.prompt_cached``), once that
+# many were seen; before, each weighs as much as those before it (a mean), so a worker that starts on
+# chat turns the engine caches knows the share after a few of them instead of a few hundred.
 CACHED_SHARE_WEIGHT = 1 / 64
 # The lower tiers' room covers their arrival rate and their backlog (over ``backlog_drain_ms``) with
 # this margin (and a chunk to spare: prompts are admitted in whole chunks).
@@ -152,6 +153,7 @@ class TailcutPolicy(RunningTable):
             for tier in ("realtime", "normal")
         }
         self._cached_share: dict[Tier, float] = dict.fromkeys(self._prompts, 0.0)
+        self._cached_seen: dict[Tier, int] = dict.fromkeys(self._prompts, 0)
         self._arrivals_since_normal = NORMAL_ROOM_MEMORY
         self._lower_rate = PrefillRate(window_ms=config.traffic_window_ms)
         self._realtime_in_flight = TimeAverage(window_ms=config.traffic_window_ms)
@@ -217,7 +219,9 @@ class TailcutPolicy(RunningTable):
         if request is None or request.continuation or request.tier not in self._cached_share:
             return
         share = min(1.0, num_cached_tokens / max(1, request.prompt_tokens))
-        self._cached_share[request.tier] += CACHED_SHARE_WEIGHT * (share - self._cached_share[request.tier])
+        self._cached_seen[request.tier] += 1
+        weight = max(CACHED_SHARE_WEIGHT, 1 / self._cached_seen[request.tier])
+        self._cached_share[request.tier] += weight * (share - self._cached_share[request.tier])
 
     def prefill_chunk_applied(self, num_tokens: int) -> None:
         """The driver set the engine's prefill chunk (``Decision.prefill_chunk_tokens``): count with it,
@@ -306,8 +310,8 @@ class TailcutPolicy(RunningTable):
             return
         estimate = self._prompts.get(request.tier)
         if estimate is not None:
-            # What the engine will compute of it: the prompt less the share its prefix cache serves.
-            estimate.observe(math.ceil(request.prompt_tokens * (1 - self._cached_share[request.tier])))
+            # What the engine will compute of the tier's prompts: less the share its prefix cache serves.
+            estimate.observe(request.prompt_tokens, scale=1 - self._cached_share[request.tier])
         if request.tier != "realtime":
             self._lower_rate.observe(request.prompt_tokens)
         self._arrivals_since_normal = 0 if request.tier == "normal" else self._arrivals_since_normal + 1

@@ -136,7 +136,7 @@ class SchedulerConfig:
     # half minute, the lower tiers' prefill room is ``slow_step_room_chunks`` chunks at most and
     # background waits: the realtime replies decoding through a stretch of large steps pay every one of
     # them, and what the stretch holds back goes through once the steps are back. 0: off. At 0.07 the
-    # realtime tail on the shipped workloads and seeds is 1.04-1.12x the floor (1.04-1.13x without),
+    # realtime tail on the shipped workloads and seeds is 1.04-1.11x the floor (1.04-1.13x without),
     # background at 90% on seed-mix 0.96-0.97x fifo's (0.98x without); at 0.05 it is 0.94-0.96x
     # (BENCHMARKS.md "The steps of a reply's life").
     slow_step_margin: float = 0.07

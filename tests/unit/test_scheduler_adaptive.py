@@ -112,6 +112,27 @@ def test_what_the_prefix_cache_serves_does_not_count() -> None:
     assert 200 <= scheduler.prefill_chunk_tokens <= 256
 
 
+def test_a_worker_starting_on_cached_chat_turns_learns_the_share_from_the_first_turns() -> None:
+    config = SchedulerConfig(budget=BudgetConfig(min_tokens=256), prefill_chunk_tokens=16, prompt_window=64)
+    scheduler = TailcutPolicy(config)
+    for _ in range(16):  # a worker's first chat turns, whose history (3/4) the engine had cached
+        turn = make("realtime", prompt=800)
+        scheduler.add(turn)
+        scheduler.schedule(roomy(), now_ms=0)
+        scheduler.prompt_cached(turn.id, 600)
+        scheduler.finish(turn.id)
+    # The first turns, seen before any share was known, do not keep the chunk at whole histories.
+    assert scheduler.prefill_chunk_tokens == 208  # 200 in blocks of 16
+
+
+def test_prompt_lengths_scale_the_whole_window() -> None:
+    lengths = PromptLengths(window=8, quantile=1.0, grain=16, min_samples=1, shrink_tokens=64)
+    lengths.observe(800)
+    assert lengths.size() == 800
+    lengths.observe(800, scale=0.25)  # the share computed of every prompt seen, not of the last one
+    assert lengths.size() == 208
+
+
 def test_the_chunk_is_at_least_half_the_budget_floor_at_most_half_the_ceiling() -> None:
     config = SchedulerConfig(budget=BudgetConfig(min_tokens=1024, max_tokens=2048), prompt_window=16)
     scheduler = TailcutPolicy(config)
