@@ -31,7 +31,9 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     realtime gate only: ``slow_steps_keep_pace``), ``sw=N`` (the rule's recent steps are ``N`` usual
     steps long, not ``SLOW_STEP_ROUNDS``), ``st=F`` (the rule's cap is ``F`` times the lower tiers'
     usual prompt tokens in flight, not chunks: ``slow_steps_usual_room``), ``sq=N`` (the cap is ``N``
-    chunks while fewer background requests wait than the gate's bound: ``slow_steps_short_queue``), ``bf=N``
+    chunks while fewer background requests wait than the gate's bound: ``slow_steps_short_queue``),
+    ``rtr`` (a realtime prompt in prefill takes the reserve before the lower tiers' room:
+    ``realtime_in_reserve``; ``rtrs``: only while the steps do not run slow), ``bf=N``
     (the budget rule's floor, ``BudgetConfig.min_tokens``; the chunk follows half of it unless ``ch``
     is given), ``prog`` (a prompt in prefill counts what is left of it, estimated from the rounds'
     clock and the step time, instead of its whole chunk), ``pace=M`` (the lower tiers' prefill room is
@@ -243,6 +245,10 @@ def patch_sizes(spec: str) -> None:
             slow_steps_usual_room(float(value))
         elif key == "sq":
             slow_steps_short_queue(int(value))
+        elif key == "rtr":
+            realtime_in_reserve(unless_slow=False)
+        elif key == "rtrs":
+            realtime_in_reserve(unless_slow=True)
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
@@ -345,6 +351,31 @@ def slow_steps_short_queue(num_chunks: int) -> None:
 
     policy.slow_steps = slowing  # type: ignore[method-assign]
     policy.room = sizing  # type: ignore[method-assign]
+
+
+def realtime_in_reserve(*, unless_slow: bool) -> None:
+    """A realtime prompt in prefill takes the realtime reserve first and the lower tiers' room only with
+    what the reserve does not hold: a lower-tier prompt fits while the decodes, the lower tiers' chunks
+    and the realtime chunks beyond the reserve stay within ``lower_limit`` (as shipped, every realtime
+    chunk in flight counts against it, so the reserve is headroom for realtime prompts still to come).
+    ``unless_slow``: only while the steps do not run slow (``slow_steps``)."""
+    policy = schedmod.TailcutPolicy
+    fits, slow_steps = policy._fits, policy.slow_steps
+
+    def slowing(self: Any, step_ms: float, now_ms: int) -> bool:
+        self.side_slow = slow_steps(self, step_ms, now_ms)
+        return bool(self.side_slow)
+
+    def fitting(self: Any, request: Any, kv: int, room: Any, spent: Any, first: bool, *, overdue: bool = False) -> bool:
+        held = unless_slow and getattr(self, "side_slow", False)
+        if request.tier == "realtime" or not self.adapting or held:
+            return bool(fits(self, request, kv, room, spent, first, overdue=overdue))
+        covered = min(spent.chunks["realtime"], room.reserve)
+        lent = schedmod.Spent(spent.decodes, {**spent.chunks, "realtime": spent.chunks["realtime"] - covered})
+        return bool(fits(self, request, kv, room, lent, first, overdue=overdue))
+
+    policy._fits = fitting  # type: ignore[method-assign]
+    policy.slow_steps = slowing  # type: ignore[method-assign]
 
 
 def pace_lower_tiers(margin: float) -> None:
@@ -567,6 +598,8 @@ GRID_PARTS = (
     "sw",
     "st",
     "sq",
+    "rtr",
+    "rtrs",
 )
 
 
