@@ -28,7 +28,9 @@ when that is more than the budget rule gives; background waits while more realti
 flight than usual (``background_gate_margin``); and while the steps of about a reply's life run
 ``slow_step_margin`` (7%) slower than those of the last half minute (``slow_step_window_ms``), the
 lower tiers' room shrinks to a few chunks and background waits, so a stretch of large steps ends
-before the replies decoding through it pay for all of it. The configured chunk and reserve are floors.
+before the replies decoding through it pay for all of it. Where the step ceiling bounds the lower tiers'
+room, realtime prefill in flight takes the reserve before that room (``Room``). The configured chunk
+and reserve are floors.
 
 KV is counted by reservation (``SchedRequest.reserved_kv_tokens``): a request is admitted only if its
 prompt plus the output ``kv_reservation`` expects of its next call fits what the running requests'
@@ -87,10 +89,14 @@ class Room:
     ``chunk`` is the engine's prefill chunk in force. The step budget holds the running decodes, the
     prefill room ``lower_prefill`` and the realtime ``reserve`` on top of it. A lower-tier prompt is
     admitted while the decodes and every chunk in flight (realtime ones too: realtime prefill is
-    prefill the step already carries) stay within ``lower_limit``; background also leaves what
-    normal prompts in flight do not fill of ``normal_room``. Realtime is admitted whatever the
-    budget: the step grows up to the ``ceiling``, and the engine, which orders waiting requests by
-    priority, gives it the step's room first.
+    prefill the step already carries, and the reserve stays headroom for realtime prompts still to
+    come) stay within ``lower_limit``; background also leaves what normal prompts in flight do not fill
+    of ``normal_room``. Where the step ceiling is what bounds the room (``at_ceiling``), realtime
+    chunks in flight take the reserve first and the room only beyond it: the room is already less
+    than the lower tiers ask, and counting realtime prefill in both would leave them less again (a
+    mix of long realtime prompts, whose reserve is large, starved its background so). Realtime is
+    admitted whatever the budget: the step grows up to the ``ceiling``, and the engine, which orders
+    waiting requests by priority, gives it the step's room first.
     """
 
     ceiling: int
@@ -101,6 +107,8 @@ class Room:
     normal_room: int
     # Background waits this round: more realtime requests are in flight than usual, or the steps run slow.
     background_held: bool = False
+    # The room is what the ceiling leaves above the decodes and the reserve (see above).
+    at_ceiling: bool = False
 
     @property
     def budget(self) -> int:
@@ -109,6 +117,12 @@ class Room:
     @property
     def lower_limit(self) -> int:
         return self.decodes + self.lower_prefill
+
+    def lower_spent(self, spent: Spent) -> int:
+        """What ``spent`` takes of ``lower_limit``: all of it, less the realtime chunks the reserve holds
+        where the room is at the ceiling."""
+        lent = min(spent.chunks["realtime"], self.reserve) if self.at_ceiling else 0
+        return spent.total - lent
 
 
 @dataclass(slots=True)
@@ -395,6 +409,7 @@ class TailcutPolicy(RunningTable):
             lower_prefill=lower_prefill,
             normal_room=normal_room,
             background_held=held,
+            at_ceiling=self.adapting and lower_prefill >= config.budget.max_tokens - decodes - reserve,
         )
 
     def slow_steps(self, step_ms: float, now_ms: int) -> bool:
@@ -472,12 +487,13 @@ class TailcutPolicy(RunningTable):
         chunk = self._chunk(request.prompt_tokens, room)
         if request.tier == "realtime":
             return spent.total + chunk <= room.budget
+        used = room.lower_spent(spent)
         if request.tier == "normal":
-            return spent.total + chunk <= room.lower_limit
+            return used + chunk <= room.lower_limit
         if room.background_held and not overdue:
             return False
         # Background leaves the normal room free, or what of it normal prompts in flight do not fill.
-        return spent.total + chunk + max(0, room.normal_room - spent.chunks["normal"]) <= room.lower_limit
+        return used + chunk + max(0, room.normal_room - spent.chunks["normal"]) <= room.lower_limit
 
     def _oldest_lower(self) -> SchedRequest | None:
         candidates = [*self._normal(), *(self._background if self._admit_background else ())]

@@ -11,7 +11,7 @@ from queues.keys import Bucket, Tier
 from workers.budget import BudgetConfig, PromptLengths
 from workers.engines.costmodel import PROFILES
 from workers.engines.sim import SimEngine
-from workers.scheduler import Room, TailcutPolicy
+from workers.scheduler import Room, Spent, TailcutPolicy
 from workers.scheduling import EngineView, SchedRequest, SchedulerConfig
 
 _ids = itertools.count()
@@ -305,3 +305,31 @@ def test_while_the_steps_run_slow_the_lower_tiers_get_a_few_chunks_and_backgroun
     # Back to usual steps for a while: the room is back.
     back = sizes(0.05, [17.0] * 40 + [14.0] * 200)
     assert not back.background_held and back.lower_prefill > 2 * 512
+
+
+def test_at_the_step_ceiling_realtime_prefill_takes_the_reserve_before_the_lower_tiers_room() -> None:
+    scheduler = TailcutPolicy(SchedulerConfig(background_gate_max_waiting=0))
+    scheduler.prefill_chunk_applied(512)
+    for index in range(400):  # a backlog of logs: the lower tiers ask more than the ceiling leaves
+        scheduler.add(make("background", prompt=4000, arrival_ms=index))
+    assert [request.tier for request in scheduler.schedule(roomy(step_ms=20), now_ms=1000).admit] == [
+        "background"
+    ] * 3  # three chunks of 512 in a room of 2048 - 256 (the reserve) - 3 decodes
+    chat = make("realtime", prompt=200, arrival_ms=1010)
+    scheduler.add(chat)
+    assert scheduler.schedule(roomy(step_ms=20), now_ms=1010).admit == [chat]
+    room = scheduler.room(roomy(step_ms=20), now_ms=1020)
+    assert room.at_ceiling and room.lower_limit == 2048 - 256
+    # The chat's 200 tokens in flight are what the reserve is for: a 240-token document still fits
+    # (4 decodes + 1536 + 240 of 1792), where counting them in the room too would leave it waiting.
+    document = make("normal", prompt=240, arrival_ms=1020)
+    scheduler.add(document)
+    assert scheduler.schedule(roomy(step_ms=20), now_ms=1020).admit == [document]
+
+
+def test_below_the_ceiling_realtime_prefill_counts_in_the_lower_tiers_room() -> None:
+    room = Room(ceiling=2048, chunk=512, reserve=256, decodes=10, lower_prefill=1024, normal_room=0)
+    spent = Spent(10, {"realtime": 200, "normal": 512, "background": 0})
+    assert room.lower_spent(spent) == 722  # the reserve stays headroom for realtime prompts to come
+    assert replace(room, at_ceiling=True).lower_spent(spent) == 522
+    assert replace(room, at_ceiling=True).lower_spent(replace(spent, chunks={**spent.chunks, "realtime": 600})) == 866

@@ -33,7 +33,8 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     usual prompt tokens in flight, not chunks: ``slow_steps_usual_room``), ``sq=N`` (the cap is ``N``
     chunks while fewer background requests wait than the gate's bound: ``slow_steps_short_queue``),
     ``rtr`` (a realtime prompt in prefill takes the reserve before the lower tiers' room:
-    ``realtime_in_reserve``; ``rtrs``: only while the steps do not run slow), ``bf=N``
+    ``realtime_in_reserve``; ``rtrs``: only while the steps do not run slow; ``rtrc``: only while the
+    step ceiling bounds the lower tiers' room), ``bf=N``
     (the budget rule's floor, ``BudgetConfig.min_tokens``; the chunk follows half of it unless ``ch``
     is given), ``prog`` (a prompt in prefill counts what is left of it, estimated from the rounds'
     clock and the step time, instead of its whole chunk), ``pace=M`` (the lower tiers' prefill room is
@@ -249,6 +250,8 @@ def patch_sizes(spec: str) -> None:
             realtime_in_reserve(unless_slow=False)
         elif key == "rtrs":
             realtime_in_reserve(unless_slow=True)
+        elif key == "rtrc":
+            realtime_in_reserve(unless_slow=False, at_ceiling=True)
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
@@ -353,21 +356,29 @@ def slow_steps_short_queue(num_chunks: int) -> None:
     policy.room = sizing  # type: ignore[method-assign]
 
 
-def realtime_in_reserve(*, unless_slow: bool) -> None:
+def realtime_in_reserve(*, unless_slow: bool, at_ceiling: bool = False) -> None:
     """A realtime prompt in prefill takes the realtime reserve first and the lower tiers' room only with
     what the reserve does not hold: a lower-tier prompt fits while the decodes, the lower tiers' chunks
     and the realtime chunks beyond the reserve stay within ``lower_limit`` (as shipped, every realtime
     chunk in flight counts against it, so the reserve is headroom for realtime prompts still to come).
-    ``unless_slow``: only while the steps do not run slow (``slow_steps``)."""
+    ``unless_slow``: only while the steps do not run slow (``slow_steps``); ``at_ceiling``: only while
+    the lower tiers' room is what the step ceiling leaves above the decodes and the reserve."""
     policy = schedmod.TailcutPolicy
-    fits, slow_steps = policy._fits, policy.slow_steps
+    fits, slow_steps, room = policy._fits, policy.slow_steps, policy.room
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        sizes = room(self, view, now_ms)
+        self.side_at_ceiling = sizes.lower_prefill >= sizes.ceiling - sizes.decodes - sizes.reserve
+        return sizes
 
     def slowing(self: Any, step_ms: float, now_ms: int) -> bool:
         self.side_slow = slow_steps(self, step_ms, now_ms)
         return bool(self.side_slow)
 
     def fitting(self: Any, request: Any, kv: int, room: Any, spent: Any, first: bool, *, overdue: bool = False) -> bool:
-        held = unless_slow and getattr(self, "side_slow", False)
+        held = (unless_slow and getattr(self, "side_slow", False)) or (
+            at_ceiling and not getattr(self, "side_at_ceiling", False)
+        )
         if request.tier == "realtime" or not self.adapting or held:
             return bool(fits(self, request, kv, room, spent, first, overdue=overdue))
         covered = min(spent.chunks["realtime"], room.reserve)
@@ -376,6 +387,7 @@ def realtime_in_reserve(*, unless_slow: bool) -> None:
 
     policy._fits = fitting  # type: ignore[method-assign]
     policy.slow_steps = slowing  # type: ignore[method-assign]
+    policy.room = sizing  # type: ignore[method-assign]
 
 
 def pace_lower_tiers(margin: float) -> None:
@@ -600,6 +612,7 @@ GRID_PARTS = (
     "sq",
     "rtr",
     "rtrs",
+    "rtrc",
 )
 
 
