@@ -34,7 +34,7 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     chunks while fewer background requests wait than the gate's bound: ``slow_steps_short_queue``),
     ``rtr`` (a realtime prompt in prefill takes the reserve before the lower tiers' room:
     ``realtime_in_reserve``; ``rtrs``: only while the steps do not run slow; ``rtrc``: only while the
-    step ceiling bounds the lower tiers' room), ``bf=N``
+    step ceiling bounds the lower tiers' room, as the policy does since c0f651e), ``bf=N``
     (the budget rule's floor, ``BudgetConfig.min_tokens``; the chunk follows half of it unless ``ch``
     is given), ``prog`` (a prompt in prefill counts what is left of it, estimated from the rounds'
     clock and the step time, instead of its whole chunk), ``pace=M`` (the lower tiers' prefill room is
@@ -383,7 +383,8 @@ def realtime_in_reserve(*, unless_slow: bool, at_ceiling: bool = False) -> None:
             return bool(fits(self, request, kv, room, spent, first, overdue=overdue))
         covered = min(spent.chunks["realtime"], room.reserve)
         lent = schedmod.Spent(spent.decodes, {**spent.chunks, "realtime": spent.chunks["realtime"] - covered})
-        return bool(fits(self, request, kv, room, lent, first, overdue=overdue))
+        # The policy's own rule (at the ceiling, since c0f651e) is this one's ``rtrc``: not applied twice.
+        return bool(fits(self, request, kv, replace(room, at_ceiling=False), lent, first, overdue=overdue))
 
     policy._fits = fitting  # type: ignore[method-assign]
     policy.slow_steps = slowing  # type: ignore[method-assign]
