@@ -70,9 +70,9 @@ def _urgency(request: SchedRequest) -> tuple[int, ...]:
 # The normal tier's room is held free of background while a normal request arrived among the last
 # this many arrivals (of any tier): room kept for a tier that stopped sending is throughput lost.
 NORMAL_ROOM_MEMORY = 256
-# Weight of the newest request in a tier's cached share (``TailcutPolicy.prompt_cached``), once that
-# many were seen; before, each weighs as much as those before it (a mean), so a worker that starts on
-# chat turns the engine caches knows the share after a few of them instead of a few hundred.
+# Weight of the newest request in a tier's cached share (``TailcutPolicy.prompt_cached``) once 64 were
+# seen; before, each weighs as much as those before it (a mean), so a worker that starts on chat turns
+# the engine caches knows the share after a few of them instead of a few hundred.
 CACHED_SHARE_WEIGHT = 1 / 64
 # The lower tiers' room covers their arrival rate and their backlog (over ``backlog_drain_ms``) with
 # this margin (and a chunk to spare: prompts are admitted in whole chunks).
