@@ -257,6 +257,23 @@ def patch_sizes(spec: str) -> None:
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
 
 
+def background_waiting(policy: Any, view: Any) -> int:
+    """Background requests waiting, here and in the intake streams, as ``TailcutPolicy.room`` counts them."""
+    return int(len(policy._background) + view.backlog_of(tiers=("background",)))
+
+
+def record_slow_steps(*, acts: bool) -> None:
+    """``slow_steps`` also keeps its answer on the policy (``side_slow``) for a variant to read; with
+    ``acts`` off it answers ``False`` to ``room``, so the shipped cap and hold stay out of it."""
+    slow_steps = schedmod.TailcutPolicy.slow_steps
+
+    def slowing(self: Any, step_ms: float, now_ms: int) -> bool:
+        self.side_slow = slow_steps(self, step_ms, now_ms)
+        return bool(self.side_slow) and acts
+
+    schedmod.TailcutPolicy.slow_steps = slowing  # type: ignore[method-assign]
+
+
 def slow_steps_keep_background() -> None:
     """While the steps run slow (``slow_steps``) the lower tiers' room is capped as shipped, but
     background is held only by the realtime gate, as with the rule off."""
@@ -269,7 +286,7 @@ def slow_steps_keep_background() -> None:
             return sizes
         config = self.config
         num_realtime = sum(1 for request in self._running.values() if request.tier == "realtime")
-        waiting = len(self._background) + view.backlog_of(tiers=("background",))
+        waiting = background_waiting(self, view)
         gated = num_realtime > self._realtime_in_flight.value * (1 + config.background_gate_margin)
         return replace(sizes, background_held=gated and waiting < config.background_gate_max_waiting)
 
@@ -283,11 +300,8 @@ def slow_steps_keep_pace(margin: float) -> None:
     the lower tiers bring, so their backlog does not grow through it (the rule as shipped caps at the
     chunks alone)."""
     policy = schedmod.TailcutPolicy
-    room, slow_steps = policy.room, policy.slow_steps
-
-    def slowing(self: Any, step_ms: float, now_ms: int) -> bool:
-        self.side_slow = slow_steps(self, step_ms, now_ms)
-        return False
+    room = policy.room
+    record_slow_steps(acts=False)
 
     def sizing(self: Any, view: Any, now_ms: int) -> Any:
         sizes = room(self, view, now_ms)
@@ -297,7 +311,6 @@ def slow_steps_keep_pace(margin: float) -> None:
         cap = max(sizes.chunk * self.config.slow_step_room_chunks, int(pace))
         return replace(sizes, lower_prefill=min(sizes.lower_prefill, cap))
 
-    policy.slow_steps = slowing  # type: ignore[method-assign]
     policy.room = sizing  # type: ignore[method-assign]
 
 
@@ -307,11 +320,8 @@ def slow_steps_usual_room(share: float) -> None:
     ``slow_step_room_chunks`` chunks: a cap in the workload's own tokens, not in chunks, whose size
     follows the realtime prompts."""
     policy = schedmod.TailcutPolicy
-    room, slow_steps = policy.room, policy.slow_steps
-
-    def slowing(self: Any, step_ms: float, now_ms: int) -> bool:
-        self.side_slow = slow_steps(self, step_ms, now_ms)
-        return False
+    room = policy.room
+    record_slow_steps(acts=False)
 
     def sizing(self: Any, view: Any, now_ms: int) -> Any:
         sizes = room(self, view, now_ms)
@@ -323,11 +333,9 @@ def slow_steps_usual_room(share: float) -> None:
         if not getattr(self, "side_slow", False) or not sizes.chunk:
             return sizes
         cap = max(sizes.chunk, int(share * average))
-        waiting = len(self._background) + view.backlog_of(tiers=("background",))
-        held = sizes.background_held or waiting < self.config.background_gate_max_waiting
+        held = sizes.background_held or background_waiting(self, view) < self.config.background_gate_max_waiting
         return replace(sizes, lower_prefill=min(sizes.lower_prefill, cap), background_held=held)
 
-    policy.slow_steps = slowing  # type: ignore[method-assign]
     policy.room = sizing  # type: ignore[method-assign]
 
 
@@ -337,22 +345,17 @@ def slow_steps_short_queue(num_chunks: int) -> None:
     ``num_chunks`` chunks instead of ``slow_step_room_chunks``: a short queue can wait out the stretch
     without reaching the bound where background is refused, a long one cannot."""
     policy = schedmod.TailcutPolicy
-    room, slow_steps = policy.room, policy.slow_steps
-
-    def slowing(self: Any, step_ms: float, now_ms: int) -> bool:
-        self.side_slow = slow_steps(self, step_ms, now_ms)
-        return bool(self.side_slow)
+    room = policy.room
+    record_slow_steps(acts=True)
 
     def sizing(self: Any, view: Any, now_ms: int) -> Any:
         sizes = room(self, view, now_ms)
-        waiting = len(self._background) + view.backlog_of(tiers=("background",))
         if not getattr(self, "side_slow", False) or not sizes.chunk:
             return sizes
-        if waiting >= self.config.background_gate_max_waiting:
+        if background_waiting(self, view) >= self.config.background_gate_max_waiting:
             return sizes
         return replace(sizes, lower_prefill=min(sizes.lower_prefill, sizes.chunk * num_chunks))
 
-    policy.slow_steps = slowing  # type: ignore[method-assign]
     policy.room = sizing  # type: ignore[method-assign]
 
 
@@ -364,21 +367,12 @@ def realtime_in_reserve(*, unless_slow: bool, at_ceiling: bool = False) -> None:
     ``unless_slow``: only while the steps do not run slow (``slow_steps``); ``at_ceiling``: only while
     the lower tiers' room is what the step ceiling leaves above the decodes and the reserve."""
     policy = schedmod.TailcutPolicy
-    fits, slow_steps, room = policy._fits, policy.slow_steps, policy.room
-
-    def sizing(self: Any, view: Any, now_ms: int) -> Any:
-        sizes = room(self, view, now_ms)
-        self.side_at_ceiling = sizes.lower_prefill >= sizes.ceiling - sizes.decodes - sizes.reserve
-        return sizes
-
-    def slowing(self: Any, step_ms: float, now_ms: int) -> bool:
-        self.side_slow = slow_steps(self, step_ms, now_ms)
-        return bool(self.side_slow)
+    fits = policy._fits
+    if unless_slow:
+        record_slow_steps(acts=True)
 
     def fitting(self: Any, request: Any, kv: int, room: Any, spent: Any, first: bool, *, overdue: bool = False) -> bool:
-        held = (unless_slow and getattr(self, "side_slow", False)) or (
-            at_ceiling and not getattr(self, "side_at_ceiling", False)
-        )
+        held = (unless_slow and getattr(self, "side_slow", False)) or (at_ceiling and not room.at_ceiling)
         if request.tier == "realtime" or not self.adapting or held:
             return bool(fits(self, request, kv, room, spent, first, overdue=overdue))
         covered = min(spent.chunks["realtime"], room.reserve)
@@ -387,8 +381,6 @@ def realtime_in_reserve(*, unless_slow: bool, at_ceiling: bool = False) -> None:
         return bool(fits(self, request, kv, replace(room, at_ceiling=False), lent, first, overdue=overdue))
 
     policy._fits = fitting  # type: ignore[method-assign]
-    policy.slow_steps = slowing  # type: ignore[method-assign]
-    policy.room = sizing  # type: ignore[method-assign]
 
 
 def pace_lower_tiers(margin: float) -> None:
