@@ -234,6 +234,8 @@ def patch_sizes(spec: str) -> None:
             pipeline_background()
         elif key == "nq":
             drain_normal(float(value))
+        elif key == "uw":
+            usual_steps_warm_start()
         elif key == "occ":
             count_occupancy(float(value))
         elif key == "sb":
@@ -514,6 +516,38 @@ def count_occupancy(lag_rounds: float) -> None:
     schedmod.TailcutPolicy._observe = observing  # type: ignore[method-assign]
 
 
+class WarmTimeAverage(TimeAverage):
+    """A ``TimeAverage`` that, until a whole window has been seen, is the time-weighted mean of every
+    sample so far instead of an average that starts at the first sample and forgets it slowly."""
+
+    def __init__(self, *, window_ms: float) -> None:
+        super().__init__(window_ms=window_ms)
+        self._first_ms: int | None = None
+
+    def update(self, now_ms: int, sample: float) -> float:
+        if self._first_ms is None:
+            self._first_ms = now_ms
+        seen_ms = now_ms - self._first_ms
+        if self._last_ms is not None and self._last_ms < now_ms and seen_ms < self.window_ms:
+            self.value += (now_ms - self._last_ms) / seen_ms * (sample - self.value)
+            self._last_ms = now_ms
+            return self.value
+        return super().update(now_ms, sample)
+
+
+def usual_steps_warm_start() -> None:
+    """The slow-step rule's usual step (``slow_step_window_ms``) is the mean of the steps seen so far until
+    a whole window has been seen: as shipped it starts at the first step, which a worker's first burst
+    makes large, and keeps it for about a window, so the rule does not act while the worker starts."""
+    init = schedmod.TailcutPolicy.__init__
+
+    def warm(self: Any, config: Any) -> None:
+        init(self, config)
+        self._usual_step = WarmTimeAverage(window_ms=config.slow_step_window_ms)
+
+    schedmod.TailcutPolicy.__init__ = warm  # type: ignore[method-assign]
+
+
 def drain_normal(drain_ms: float) -> None:
     """The normal tier may go past the lower tiers' limit by what its own backlog asks when drained
     over ``drain_ms`` (at the current step time), as far as the ceiling holds it: a burst of documents
@@ -606,6 +640,7 @@ GRID_PARTS = (
     "rtr",
     "rtrs",
     "rtrc",
+    "uw",
 )
 
 
