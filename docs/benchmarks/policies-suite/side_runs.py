@@ -92,6 +92,20 @@ def capacities_rps() -> dict[str, float]:
     return {entry["name"]: entry["capacity_rps"] for entry in SUITE_WORKLOADS}
 
 
+# The 360-second suite runs whose traces the per-seed side scripts replay (``seed_job``).
+SEED_SUITES = Path(__file__).parents[1] / "policies-suite-360s-capacity-30k"
+
+
+def seed_job(name: str, spec: str, seed: int, *, load: float = 0.9) -> policies.Job:
+    """A grid variant's run of one shipped workload at ``load`` of seed ``seed``'s suite capacity, on that
+    suite's 360-second trace (``patch_sizes(spec)`` is the caller's)."""
+    entries = json.loads((SEED_SUITES / f"seed{seed}" / "suite.json").read_text())["workloads"]
+    entry = next(entry for entry in entries if entry["name"] == name)
+    workload, cost = workload_and_cost(name, "h100-llama3-8b")
+    rate_rps = load * entry["capacity_rps"]
+    return policies.Job(grid_variant(spec), load, rate_rps, seed, entry["duration_s"], workload, cost)
+
+
 # --- floor: variants of the policy's configuration ---
 
 

@@ -6,7 +6,6 @@ variant on one workload's 90% trace (seed S's suite traces). From the repository
         .venv/bin/python docs/benchmarks/policies-suite/side-slow-steps/skipped_steps.py long-history shipped 2
 """
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from bench import policies
-from bench.workloads import workload_and_cost
 from workers.engines import sim as simmod
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
@@ -44,12 +42,7 @@ def main() -> None:
         return result
 
     simmod.SimEngine.step = counting  # type: ignore[method-assign]
-    suite = Path(__file__).parents[2] / "policies-suite-360s-capacity-30k" / f"seed{seed}" / "suite.json"
-    capacity = next(
-        entry["capacity_rps"] for entry in json.loads(suite.read_text())["workloads"] if entry["name"] == name
-    )
-    workload, cost = workload_and_cost(name, "h100-llama3-8b")
-    job = policies.Job(side_runs.grid_variant(spec), 0.9, 0.9 * capacity, seed, 360, workload, cost)
+    job = side_runs.seed_job(name, spec, seed)
     realtime = next(row for row in policies.run_job(job).rows if row["tier"] == "realtime")
     durations, tokens = np.array(durations_ms), np.array(prefill_tokens)
     busy = durations > 0

@@ -6,34 +6,27 @@ that arrived after the first 30 and 60 seconds. From the repository root:
 """
 
 import itertools
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from bench import policies
 from bench.simrun import floor_e2e_ms, simulate
-from bench.workloads import make_trace, workload_and_cost
+from bench.workloads import make_trace
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import side_runs  # type: ignore[import-not-found]
 
-DURATION_S = 360
 EDGES_S = (0, 30, 60, 120, 180, 240, 300, 360)
 
 
 def main() -> None:
     name, spec, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
     side_runs.patch_sizes(spec)
-    suite = Path(__file__).parents[2] / "policies-suite-360s-capacity-30k" / f"seed{seed}" / "suite.json"
-    capacity = next(
-        entry["capacity_rps"] for entry in json.loads(suite.read_text())["workloads"] if entry["name"] == name
-    )
-    workload, cost = workload_and_cost(name, "h100-llama3-8b")
-    job = policies.Job(side_runs.grid_variant(spec), 0.9, 0.9 * capacity, seed, DURATION_S, workload, cost)
-    trace = make_trace(workload, job.rate_rps, seed=seed, duration_s=DURATION_S)
-    run = simulate(trace, workload, job.config(), duration_s=DURATION_S)
+    job = side_runs.seed_job(name, spec, seed)
+    workload, cost = job.workload, job.cost
+    trace = make_trace(workload, job.rate_rps, seed=seed, duration_s=job.duration_s)
+    run = simulate(trace, workload, job.config(), duration_s=job.duration_s)
     # (arrival s, E2E ms) of every realtime reply that finished
     replies = [(r.arrival.at_s, r.e2e_ms) for r in run.records if r.arrival.tier == "realtime" and r.e2e_ms is not None]
     floor_ms = floor_e2e_ms(workload, cost, job.rate_rps, "realtime")

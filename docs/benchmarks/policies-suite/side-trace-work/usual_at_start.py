@@ -6,22 +6,19 @@ root:
     .venv/bin/python docs/benchmarks/policies-suite/side-trace-work/usual_at_start.py long-history shipped 2
 """
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench import policies
 from bench.simrun import simulate
-from bench.workloads import make_trace, workload_and_cost
+from bench.workloads import make_trace
 from workers import scheduler as schedmod
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import side_runs  # type: ignore[import-not-found]
 
-DURATION_S = 360
 STRETCHES_MS = ((0, 5_000), (5_000, 10_000), (10_000, 20_000), (20_000, 30_000), (30_000, 60_000), (60_000, 360_000))
 
 
@@ -37,18 +34,9 @@ def main() -> None:
         return slow
 
     schedmod.TailcutPolicy.slow_steps = logged  # type: ignore[method-assign]
-    suite = Path(__file__).parents[2] / "policies-suite-360s-capacity-30k" / f"seed{seed}" / "suite.json"
-    capacity = next(
-        entry["capacity_rps"] for entry in json.loads(suite.read_text())["workloads"] if entry["name"] == name
-    )
-    workload, cost = workload_and_cost(name, "h100-llama3-8b")
-    job = policies.Job(side_runs.grid_variant(spec), 0.9, 0.9 * capacity, seed, DURATION_S, workload, cost)
-    simulate(
-        make_trace(workload, job.rate_rps, seed=seed, duration_s=DURATION_S),
-        workload,
-        job.config(),
-        duration_s=DURATION_S,
-    )
+    job = side_runs.seed_job(name, spec, seed)
+    trace = make_trace(job.workload, job.rate_rps, seed=seed, duration_s=job.duration_s)
+    simulate(trace, job.workload, job.config(), duration_s=job.duration_s)
     table = np.array(rounds, dtype=float)
     print(f"{name} {spec} seed {seed}:")
     for start_ms, end_ms in STRETCHES_MS:
