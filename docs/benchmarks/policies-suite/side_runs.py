@@ -250,6 +250,8 @@ def patch_sizes(spec: str) -> None:
             drain_normal(float(value))
         elif key == "uw":
             usual_steps_warm_start()
+        elif key == "bq":
+            cap_backlog(int(value))
         elif key == "occ":
             count_occupancy(float(value))
         elif key == "sb":
@@ -562,6 +564,19 @@ def usual_steps_warm_start() -> None:
     schedmod.TailcutPolicy.__init__ = warm  # type: ignore[method-assign]
 
 
+def cap_backlog(num_requests: int) -> None:
+    """The lower tiers' demand term counts at most ``num_requests`` of a tier's waiting requests (at their
+    mean prompt): a queue allowed to grow past that (``shed=N``) waits for the room instead of growing it."""
+
+    def queued(here: list[Any], num_elsewhere: int) -> int:
+        if not here:
+            return 0
+        counted = min(len(here) + num_elsewhere, num_requests)
+        return sum(request.prompt_tokens for request in here) * counted // len(here)
+
+    schedmod.TailcutPolicy._queued_tokens = staticmethod(queued)  # type: ignore[method-assign,assignment]
+
+
 def drain_normal(drain_ms: float) -> None:
     """The normal tier may go past the lower tiers' limit by what its own backlog asks when drained
     over ``drain_ms`` (at the current step time), as far as the ceiling holds it: a burst of documents
@@ -655,6 +670,7 @@ GRID_PARTS = (
     "rtrs",
     "rtrc",
     "uw",
+    "bq",
 )
 
 
