@@ -78,7 +78,7 @@ class ShedLimits:
 
     realtime: int = 512
     normal: int = 256
-    background: int = 64
+    background: int = 192
     realtime_wait_ms: int = 0
     normal_wait_ms: int = 0
     background_wait_ms: int = 0

@@ -124,21 +124,28 @@ class SchedulerConfig:
     prompt_quantile: float = 0.99
     prompt_window: int = 512
     # The lower tiers' arrival rate and the realtime requests in flight are averaged over this long;
-    # the lower tiers' room covers their backlog over ``backlog_drain_ms``.
+    # the lower tiers' room covers their backlog over ``backlog_drain_ms``, counting at most
+    # ``backlog_max_requests`` waiting requests of a tier: a longer queue (background may wait far
+    # longer than that: ``admission.shedding.ShedLimits``) waits for room rather than making it, so the
+    # steps the realtime replies decode through do not grow with it.
     traffic_window_ms: int = 5_000
     backlog_drain_ms: int = 20_000
+    backlog_max_requests: int = 64
     # Background waits while the realtime requests in flight exceed their recent average by this
     # share: each step they all wait on is a step of their latency; it catches up in the lulls.
     background_gate_margin: float = 0.1
     # ... unless this many background requests wait (0: never wait so), so its queue stays bounded.
-    background_gate_max_waiting: int = 32
+    # Below the background tier's shedding bound (192), so what the gate and the slow-step rule hold
+    # back waits instead of being refused.
+    background_gate_max_waiting: int = 128
     # While the steps of about a reply's life run more than this share above the steps of the last
     # half minute, the lower tiers' prefill room is ``slow_step_room_chunks`` chunks at most and
     # background waits: the realtime replies decoding through a stretch of large steps pay every one of
     # them, and what the stretch holds back goes through once the steps are back. 0: off. At 0.07 the
-    # realtime tail on the shipped workloads and seeds is 1.04-1.11x the floor (1.04-1.13x without),
-    # background at 90% on seed-mix 0.96-0.97x fifo's (0.98x without); at 0.05 it is 0.94-0.96x
-    # (BENCHMARKS.md "The steps of a reply's life").
+    # realtime tail on the shipped workloads and seeds is 1.04-1.10x the floor (with the gate's bound
+    # at 32 and background refused from 64: 1.04-1.11x, and 1.04-1.13x without the rule), background
+    # at 90% on seed-mix 0.96-0.97x fifo's (0.98x without); at 0.05 it was 0.94-0.96x (BENCHMARKS.md
+    # "The steps of a reply's life", "Background that waits instead of being refused").
     slow_step_margin: float = 0.07
     slow_step_room_chunks: int = 2
     # "Usual" is the step time averaged over this long of the scheduler's clock.
@@ -164,10 +171,10 @@ class SchedulerConfig:
                 "slow_step_margin must not be negative (0: off), slow_step_room_chunks and slow_step_window_ms must "
                 f"be at least 1: {self.slow_step_margin}, {self.slow_step_room_chunks}, {self.slow_step_window_ms}"
             )
-        if self.traffic_window_ms < 1 or self.backlog_drain_ms < 1:
+        if self.traffic_window_ms < 1 or self.backlog_drain_ms < 1 or self.backlog_max_requests < 1:
             raise ValueError(
-                f"traffic_window_ms and backlog_drain_ms must be at least 1: {self.traffic_window_ms}, "
-                f"{self.backlog_drain_ms}"
+                "traffic_window_ms, backlog_drain_ms and backlog_max_requests must be at least 1: "
+                f"{self.traffic_window_ms}, {self.backlog_drain_ms}, {self.backlog_max_requests}"
             )
         if not 0 < self.prompt_quantile <= 1 or self.prompt_window < 1:
             raise ValueError(

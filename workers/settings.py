@@ -215,6 +215,11 @@ class SchedulerSettings(BaseModel):
         ge=1,
         description="While `adaptive`: the lower tiers' room covers their waiting prompts over this long.",
     )
+    backlog_max_requests: int = Field(
+        _SCHEDULER.backlog_max_requests,
+        ge=1,
+        description="... counting at most this many waiting requests of a tier (more wait for room, not make it).",
+    )
     max_cut_ins: int = Field(
         _SCHEDULER.max_cut_ins, ge=0, description="Realtime jumps ahead of older lower-tier work at most this often."
     )
@@ -303,6 +308,7 @@ class SchedulerSettings(BaseModel):
             slow_step_window_ms=self.slow_step_window_ms,
             traffic_window_ms=self.traffic_window_ms,
             backlog_drain_ms=self.backlog_drain_ms,
+            backlog_max_requests=self.backlog_max_requests,
             fair_quantum_tokens=self.fair_quantum_tokens,
             fair_min_weight=self.fair_min_weight,
             fair_max_weight=self.fair_max_weight,

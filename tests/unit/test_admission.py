@@ -91,7 +91,7 @@ def test_min_tokens_never_exceeds_max_tokens() -> None:
 
 
 def test_a_full_tier_is_shed_with_its_retry_after_and_others_are_not() -> None:
-    full = admitter(depth=Depth(background=64))
+    full = admitter(depth=Depth(background=ShedLimits().background))
     with pytest.raises(OverloadedError) as caught:
         full.admit_tokens(tokens(5, tier="background"))
     assert (caught.value.tier, caught.value.retry_after_s) == ("background", 7)

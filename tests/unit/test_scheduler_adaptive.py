@@ -213,6 +213,20 @@ def test_the_lower_tiers_room_follows_their_arrivals_and_backlog_never_into_the_
     assert room_after(500, 10, backlog=400) == (2048 - 256, 2048 - 256)  # up to the reserve, not into it
 
 
+def test_the_backlog_counts_at_most_backlog_max_requests_of_a_tier() -> None:
+    def lower_prefill(in_streams: int, most: int = 64) -> int:
+        scheduler = TailcutPolicy(SchedulerConfig(backlog_max_requests=most))
+        scheduler.prefill_chunk_applied(512)
+        scheduler.add(make("background", prompt=4000))  # and ``in_streams`` more still in Redis
+        view = roomy(step_ms=40, backlog={("background", "long"): in_streams})
+        return scheduler.room(view, now_ms=0).lower_prefill
+
+    assert 1024 < lower_prefill(47) < lower_prefill(63)  # the backlog to drain over 20 s raises the room
+    # 64 in all: a longer queue waits for room instead of growing the steps the realtime replies decode through.
+    assert lower_prefill(63) == lower_prefill(500)
+    assert lower_prefill(500, most=128) > lower_prefill(63)
+
+
 def test_background_leaves_the_normal_room_free_while_normal_requests_arrive() -> None:
     scheduler = TailcutPolicy(SchedulerConfig(prompt_window=64))
     scheduler.prefill_chunk_applied(512)  # the driver applies the chunk it asks for
@@ -278,7 +292,9 @@ def test_until_the_driver_applies_the_chunk_the_configured_policy_holds() -> Non
 def test_while_the_steps_run_slow_the_lower_tiers_get_a_few_chunks_and_background_waits() -> None:
     def sizes(margin: float, steps_ms: list[float], *, max_waiting: int = 1_000, apart_ms: int = 14) -> Room:
         """The room after 30 s of 14-ms steps, then ``steps_ms`` one round each, ``apart_ms`` apart."""
-        config = SchedulerConfig(slow_step_margin=margin, background_gate_max_waiting=max_waiting)
+        config = SchedulerConfig(
+            slow_step_margin=margin, background_gate_max_waiting=max_waiting, backlog_max_requests=200
+        )
         scheduler = TailcutPolicy(config)
         scheduler.prefill_chunk_applied(512)
         for index in range(200):  # 200 background requests wait, as many realtime ones run as usual
@@ -308,7 +324,7 @@ def test_while_the_steps_run_slow_the_lower_tiers_get_a_few_chunks_and_backgroun
 
 
 def test_at_the_step_ceiling_realtime_prefill_takes_the_reserve_before_the_lower_tiers_room() -> None:
-    scheduler = TailcutPolicy(SchedulerConfig(background_gate_max_waiting=0))
+    scheduler = TailcutPolicy(SchedulerConfig(background_gate_max_waiting=0, backlog_max_requests=400))
     scheduler.prefill_chunk_applied(512)
     for index in range(400):  # a backlog of logs: the lower tiers ask more than the ceiling leaves
         scheduler.add(make("background", prompt=4000, arrival_ms=index))

@@ -250,8 +250,6 @@ def patch_sizes(spec: str) -> None:
             drain_normal(float(value))
         elif key == "uw":
             usual_steps_warm_start()
-        elif key == "bq":
-            cap_backlog(int(value))
         elif key == "occ":
             count_occupancy(float(value))
         elif key == "sb":
@@ -413,8 +411,9 @@ def pace_lower_tiers(margin: float) -> None:
         if not self.adapting:
             return shipped
         config = self.config
-        backlog = self._queued_tokens(list(self._normal()), view.backlog_of(tiers=("normal",)))
-        backlog += self._queued_tokens(list(self._background), view.backlog_of(tiers=("background",)))
+        most = config.backlog_max_requests
+        backlog = self._queued_tokens(list(self._normal()), view.backlog_of(tiers=("normal",)), most)
+        backlog += self._queued_tokens(list(self._background), view.backlog_of(tiers=("background",)), most)
         rate = self._lower_rate.tokens_per_ms  # ``room`` folded this round's arrivals in already
         demand = view.step_ms * (rate + backlog / config.backlog_drain_ms) * (1 + margin)
         ceiling = config.budget.max_tokens - shipped.decodes - shipped.reserve
@@ -564,19 +563,6 @@ def usual_steps_warm_start() -> None:
     schedmod.TailcutPolicy.__init__ = warm  # type: ignore[method-assign]
 
 
-def cap_backlog(num_requests: int) -> None:
-    """The lower tiers' demand term counts at most ``num_requests`` of a tier's waiting requests (at their
-    mean prompt): a queue allowed to grow past that (``shed=N``) waits for the room instead of growing it."""
-
-    def queued(here: list[Any], num_elsewhere: int) -> int:
-        if not here:
-            return 0
-        counted = min(len(here) + num_elsewhere, num_requests)
-        return sum(request.prompt_tokens for request in here) * counted // len(here)
-
-    schedmod.TailcutPolicy._queued_tokens = staticmethod(queued)  # type: ignore[method-assign,assignment]
-
-
 def drain_normal(drain_ms: float) -> None:
     """The normal tier may go past the lower tiers' limit by what its own backlog asks when drained
     over ``drain_ms`` (at the current step time), as far as the ceiling holds it: a burst of documents
@@ -587,7 +573,9 @@ def drain_normal(drain_ms: float) -> None:
 
     def sizing(self: Any, view: Any, now_ms: int) -> Any:
         sizes = sized(self, view, now_ms)
-        backlog = self._queued_tokens(list(self._normal()), view.backlog_of(tiers=("normal",)))
+        backlog = self._queued_tokens(
+            list(self._normal()), view.backlog_of(tiers=("normal",)), self.config.backlog_max_requests
+        )
         self._normal_extra = int(view.step_ms * backlog / drain_ms) if self.adapting else 0
         return sizes
 
@@ -670,7 +658,6 @@ GRID_PARTS = (
     "rtrs",
     "rtrc",
     "uw",
-    "bq",
 )
 
 
@@ -685,6 +672,8 @@ def grid_variant(spec: str) -> policies.Variant:
             scheduler = replace(scheduler, backlog_drain_ms=int(float(value)))
         elif key == "gmax":
             scheduler = replace(scheduler, background_gate_max_waiting=int(value))
+        elif key == "bq":
+            scheduler = replace(scheduler, backlog_max_requests=int(value))
         elif key == "bf":
             scheduler = replace(scheduler, budget=replace(scheduler.budget, min_tokens=int(value)))
         elif key == "shed":
