@@ -34,6 +34,8 @@ log = logging.getLogger("tailcut.loop")
 
 LAG_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 WARN_EVERY_S = 60.0
+# ``LoopWatch.stop`` cancels the watch again this often until it has ended.
+STOP_RETRY_S = 0.5
 
 WarningSink = Callable[[dict[str, object]], Awaitable[None]]
 
@@ -56,6 +58,7 @@ class LoopWatch:
         self._on_warning = on_warning
         self._pools: dict[str, ThreadPoolExecutor] = {}
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._last_warning = -WARN_EVERY_S
         self._late_since_warning = 0
         self.lag = Histogram(
@@ -97,14 +100,22 @@ class LoopWatch:
         self._task = asyncio.create_task(self._run(), name="loop-watch")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """End the watch. A warning's report may be in flight on a client that swallows the cancellation
+        (redis-py's asyncio connections can), so the loop also ends on ``_stopping``, and the task is
+        cancelled again until it is done: a shutdown must not wait on it for ever."""
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is None:
+            return
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=STOP_RETRY_S)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._stopping:
             due = loop.time() + self.interval_s
             await asyncio.sleep(self.interval_s)
             await self.observe(max(0.0, loop.time() - due))

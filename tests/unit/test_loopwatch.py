@@ -50,6 +50,28 @@ async def test_the_running_loop_is_measured_and_a_blocking_call_shows_as_lag() -
     assert sample(registry, "tailcut_event_loop_lag_max_seconds", process="worker") >= 0.15
 
 
+async def test_stop_ends_the_watch_when_a_report_swallows_the_cancellation() -> None:
+    """A shutdown hung on this: the API's report goes to Redis, and a client that swallows the
+    cancellation left the watch looping while ``stop`` waited for it."""
+    registry = CollectorRegistry()
+    reporting = asyncio.Event()
+
+    async def swallowing(event: dict[str, object]) -> None:
+        reporting.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            pass  # as a client that swallows the cancellation does
+
+    watch = LoopWatch(registry, process="api", interval_s=0.01, warn_after_s=-1.0, on_warning=swallowing)
+    watch.start()
+    await asyncio.wait_for(reporting.wait(), 5)
+    stopping = asyncio.ensure_future(watch.stop())
+    done, _ = await asyncio.wait({stopping}, timeout=2)
+    stopping.cancel()  # a hung stop ends with the test (cancelling it cancels the watch once more)
+    assert stopping in done, "stop() is still waiting on the watch that swallowed its cancellation"
+
+
 async def test_a_pool_whose_threads_are_all_busy_shows_its_queue() -> None:
     registry = CollectorRegistry()
     watch = LoopWatch(registry, process="api")
