@@ -45,7 +45,7 @@ from admission.request import GenerationRequest, ServedModel, TokenPrompt
 from admission.settings import AdmissionSettings
 from admission.shedding import ShedLimits
 from bench.static_batch import StaticBatch
-from bench.workloads import Arrival, Workload, draw_requests, sim_session_token_ids
+from bench.workloads import Arrival, TierMix, Workload, draw_requests, sim_session_token_ids
 from queues.keys import Tier
 from queues.messages import RequestMessage, SamplingOptions
 from tailcut.errors import OverloadedError
@@ -596,8 +596,10 @@ def floor_e2e_ms(workload: Workload, cost: CostModel, rate_rps: float, tier: Tie
     the offered load requires (WORKLOADS.md "What physics allows"). The reply length is the tier's at
     that quantile (linear between uniform bounds); the prefill is the tier's longest, with a session's
     previous prompt served from the prefix cache."""
-    mix = workload.mix(tier)
-    tokens = mix.output_tokens_at(quantile)
-    step_us = mean_step_us(workload, cost, rate_rps)
+    return floor_at_step_ms(workload.mix(tier), cost, mean_step_us(workload, cost, rate_rps), quantile=quantile)
+
+
+def floor_at_step_ms(mix: TierMix, cost: CostModel, step_us: float, *, quantile: float = 0.99) -> float:
+    """``floor_e2e_ms`` with every step at least ``step_us`` (the mean step some other work requires)."""
     prefill_us = max(step_us, cost.step_us(mix.max_uncached_prompt_tokens, 0))
-    return (prefill_us + (tokens - 1) * step_us) / 1000
+    return (prefill_us + (mix.output_tokens_at(quantile) - 1) * step_us) / 1000

@@ -97,6 +97,7 @@ class LoopWatch:
         self.queued.labels(self._process, name).set(0)
 
     def start(self) -> None:
+        self._stopping = False
         self._task = asyncio.create_task(self._run(), name="loop-watch")
 
     async def stop(self) -> None:

@@ -382,9 +382,8 @@ class TailcutPolicy(RunningTable):
         lower_rate = self._lower_rate.update(now_ms)
         if self.adapting:
             lower_prefill = max(lower_prefill, normal_room + chunk)
-            most = config.backlog_max_requests
-            backlog = self._queued_tokens(list(self._normal()), view.backlog_of(tiers=("normal",)), most)
-            backlog += self._queued_tokens(list(self._background), view.backlog_of(tiers=("background",)), most)
+            backlog = self._queued_tokens(list(self._normal()), view.backlog_of(tiers=("normal",)))
+            backlog += self._queued_tokens(list(self._background), view.backlog_of(tiers=("background",)))
             demand = view.step_ms * (lower_rate + backlog / config.backlog_drain_ms) * (1 + DEMAND_MARGIN) + chunk
             lower_prefill = max(lower_prefill, min(int(demand), config.budget.max_tokens - decodes - reserve))
         num_realtime = sum(1 for request in self._running.values() if request.tier == "realtime")
@@ -429,14 +428,13 @@ class TailcutPolicy(RunningTable):
         recent.window_ms = SLOW_STEP_ROUNDS * max(usual.value, 1.0)
         return recent.update(now_ms, step_ms) > usual.update(now_ms, step_ms) * (1 + margin)
 
-    @staticmethod
-    def _queued_tokens(here: list[SchedRequest], num_elsewhere: int, most: int) -> int:
+    def _queued_tokens(self, here: list[SchedRequest], num_elsewhere: int) -> int:
         """Prompt tokens of a tier's waiting requests: those here, and ``num_elsewhere`` more still in
         the intake streams, counted at the mean of those here (a count is all the backlog probe gives);
-        at most ``most`` requests of them (``SchedulerConfig.backlog_max_requests``)."""
+        at most ``SchedulerConfig.backlog_max_requests`` requests of them."""
         if not here:
             return 0
-        counted = min(len(here) + num_elsewhere, most)
+        counted = min(len(here) + num_elsewhere, self.config.backlog_max_requests)
         return sum(request.prompt_tokens for request in here) * counted // len(here)
 
     def _chunk(self, prompt_tokens: int, room: Room) -> int:

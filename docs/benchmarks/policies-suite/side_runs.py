@@ -411,9 +411,8 @@ def pace_lower_tiers(margin: float) -> None:
         if not self.adapting:
             return shipped
         config = self.config
-        most = config.backlog_max_requests
-        backlog = self._queued_tokens(list(self._normal()), view.backlog_of(tiers=("normal",)), most)
-        backlog += self._queued_tokens(list(self._background), view.backlog_of(tiers=("background",)), most)
+        backlog = self._queued_tokens(list(self._normal()), view.backlog_of(tiers=("normal",)))
+        backlog += self._queued_tokens(list(self._background), view.backlog_of(tiers=("background",)))
         rate = self._lower_rate.tokens_per_ms  # ``room`` folded this round's arrivals in already
         demand = view.step_ms * (rate + backlog / config.backlog_drain_ms) * (1 + margin)
         ceiling = config.budget.max_tokens - shipped.decodes - shipped.reserve
@@ -573,9 +572,7 @@ def drain_normal(drain_ms: float) -> None:
 
     def sizing(self: Any, view: Any, now_ms: int) -> Any:
         sizes = sized(self, view, now_ms)
-        backlog = self._queued_tokens(
-            list(self._normal()), view.backlog_of(tiers=("normal",)), self.config.backlog_max_requests
-        )
+        backlog = self._queued_tokens(list(self._normal()), view.backlog_of(tiers=("normal",)))
         self._normal_extra = int(view.step_ms * backlog / drain_ms) if self.adapting else 0
         return sizes
 

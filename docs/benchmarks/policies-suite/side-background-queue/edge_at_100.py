@@ -15,7 +15,7 @@ floor; and tailcut's own P99 E2E against the floor of the background it served. 
 import json
 from pathlib import Path
 
-from bench.simrun import floor_e2e_ms, mean_step_us
+from bench.simrun import floor_at_step_ms, floor_e2e_ms, mean_step_us
 from bench.workloads import Workload, workload_and_cost
 from workers.engines.costmodel import CostModel
 
@@ -29,15 +29,14 @@ TARGET = 0.95
 def floor_ms(workload: Workload, cost: CostModel, rate_rps: float, unserved_tokens_per_s: float) -> float:
     """The realtime floor (``bench.simrun.floor_e2e_ms``) at ``rate_rps`` with ``unserved_tokens_per_s``
     of background output, and each one's decode and share of its prompt, taken out of the offered work."""
-    realtime, background = workload.mix("realtime"), workload.mix("background")
+    background = workload.mix("background")
     per_token_us = (
         cost.prefill_token_us * background.mean_uncached_prompt_tokens
         + cost.decode_seq_us * background.mean_output_tokens
     ) / background.mean_output_tokens
     load = 1 - cost.base_us / mean_step_us(workload, cost, rate_rps)
     step_us = cost.base_us / (1 - load + max(0.0, unserved_tokens_per_s) * per_token_us / 1e6)
-    prefill_us = max(step_us, cost.step_us(realtime.max_uncached_prompt_tokens, 0))
-    return (prefill_us + (realtime.output_tokens_at(0.99) - 1) * step_us) / 1000
+    return floor_at_step_ms(workload.mix("realtime"), cost, step_us)
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ From the repository root:
 import json
 from pathlib import Path
 
-from bench.simrun import floor_e2e_ms, mean_step_us
+from bench.simrun import floor_at_step_ms, floor_e2e_ms, mean_step_us
 from bench.workloads import Arrival, make_trace, workload_and_cost
 from workers.engines.costmodel import CostModel
 
@@ -40,7 +40,6 @@ def main() -> None:
     for name in WORKLOADS:
         workload, cost = workload_and_cost(name, "h100-llama3-8b")
         mix = workload.mix("realtime")
-        reply_tokens = mix.output_tokens_at(0.99)
         for seed in SEEDS:
             folder = SUITE / f"seed{seed}"
             entries = json.loads((folder / "suite.json").read_text())["workloads"]
@@ -55,8 +54,7 @@ def main() -> None:
             ]
             load = sum(works) / (DURATION_S * 1e6)
             step_us = cost.base_us / (1 - load)
-            prefill_us = max(step_us, cost.step_us(mix.max_uncached_prompt_tokens, 0))
-            floor_ms = (prefill_us + (reply_tokens - 1) * step_us) / 1000
+            floor_ms = floor_at_step_ms(mix, cost, step_us)
             mean_floor_ms = floor_e2e_ms(workload, cost, rate_rps, "realtime")
             mean_us, tail_ms = mean_step_us(workload, cost, rate_rps), ours["p99_e2e_ms"]
             print(
