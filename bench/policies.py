@@ -334,19 +334,26 @@ def run(
     if on_start is not None:
         on_start(len(batch) + len(kv_batch))
     results: list[JobResult] = []
-    kv_results: list[JobResult] = []
     workers = jobs or os.cpu_count() or 1
     # Longest runs first, so the pool does not end waiting on one straggler.
     ordered = sorted([*batch, *kv_batch], key=lambda job: -job.load)
+    # A kv job is known by its position, not by comparing jobs: a job comes back from its process as a
+    # copy, and a workload's profile holds numpy arrays, which ``==`` does not reduce to a bool.
+    kv_positions = {id(job): position for position, job in enumerate(kv_batch)}
+    kv_done: list[tuple[int, JobResult]] = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(run_job, job): job for job in ordered}
         for future in as_completed(futures):
             result = future.result()
-            (kv_results if futures[future] in kv_batch else results).append(result)
+            position = kv_positions.get(id(futures[future]))
+            if position is None:
+                results.append(result)
+            else:
+                kv_done.append((position, result))
             if on_done is not None:
                 on_done(result)
     results.sort(key=lambda result: ([v.label for v in variants()].index(result.job.variant.label), result.job.load))
-    kv_results.sort(key=lambda result: kv_batch.index(result.job))
+    kv_results = [result for _, result in sorted(kv_done, key=lambda pair: pair[0])]
     return PoliciesReport(
         workload, cost, seed, duration_s, capacity, results, kv_results, time.perf_counter() - started
     )

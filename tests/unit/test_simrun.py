@@ -198,8 +198,20 @@ def test_the_prefix_keep_alive_keeps_chat_histories_cached_and_costs_nothing_wit
             ],
             ("background", "429"),
         ),
+        (
+            # Lengths from the dataset and sessions: the workload's profile holds arrays (a job that came
+            # back from its process was once compared with ``==`` and the run ended in a ValueError).
+            [
+                {"tier": "realtime", "share": 0.8, "prompt_tokens": [4, 400], "output_tokens": [4, 300],
+                 "dataset": {"table": "sharegpt-smollm2"},
+                 "sessions": {"turns": [1, 6], "turn_gap_s": [2, 6], "max_prompt_tokens": 3000},
+                 "slo": {"ttft_ms": 250, "tpot_ms": 50}},
+                {"tier": "background", "share": 0.2, "prompt_tokens": [512, 2048], "output_tokens": [64, 256]},
+            ],
+            ("normal",),
+        ),
     ],
-    ids=["background-only", "no-background"],
+    ids=["background-only", "no-background", "dataset-sessions-without-normal"],
 )  # fmt: skip
 def test_bench_policies_runs_a_workload_without_some_tier_and_leaves_its_targets_out(
     tmp_path: Path, tiers: list[dict[str, object]], left_out: tuple[str, ...]
