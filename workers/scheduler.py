@@ -30,7 +30,9 @@ flight than usual (``background_gate_margin``); and while the steps of about a r
 lower tiers' room shrinks to a few chunks and background waits, so a stretch of large steps ends
 before the replies decoding through it pay for all of it. Where the step ceiling bounds the lower tiers'
 room, realtime prefill in flight takes the reserve before that room (``Room``). The configured chunk
-and reserve are floors.
+and reserve are floors while realtime traffic comes; once it stopped (none of the last ``TIER_MEMORY``
+arrivals, none in flight: ``realtime_quiet``), nothing is kept for it and the lower tiers may fill the
+step to the ceiling, as they would without tailcut.
 
 KV is counted by reservation (``SchedRequest.reserved_kv_tokens``): a request is admitted only if its
 prompt plus the output ``kv_reservation`` expects of its next call fits what the running requests'
@@ -67,9 +69,11 @@ def _urgency(request: SchedRequest) -> tuple[int, ...]:
     return (BUCKET_RANK[request.bucket], request.arrival_ms)
 
 
-# The normal tier's room is held free of background while a normal request arrived among the last
-# this many arrivals (of any tier): room kept for a tier that stopped sending is throughput lost.
-NORMAL_ROOM_MEMORY = 256
+# A tier none of whose requests came among the last this many arrivals (of any tier) has stopped
+# sending: room kept for it is throughput lost. The normal tier's room is then not held free of
+# background, and with no realtime request in flight either, nothing is kept for realtime
+# (``TailcutPolicy.realtime_quiet``).
+TIER_MEMORY = 256
 # Weight of the newest request in a tier's cached share (``TailcutPolicy.prompt_cached``) once 64 were
 # seen; before, each weighs as much as those before it (a mean), so a worker that starts on chat turns
 # the engine caches knows the share after a few of them instead of a few hundred.
@@ -168,7 +172,7 @@ class TailcutPolicy(RunningTable):
         }
         self._cached_share: dict[Tier, float] = dict.fromkeys(self._prompts, 0.0)
         self._cached_seen: dict[Tier, int] = dict.fromkeys(self._prompts, 0)
-        self._arrivals_since_normal = NORMAL_ROOM_MEMORY
+        self._arrivals_since = dict.fromkeys(self._prompts, TIER_MEMORY)
         self._lower_rate = PrefillRate(window_ms=config.traffic_window_ms)
         self._realtime_in_flight = TimeAverage(window_ms=config.traffic_window_ms)
         # The step time over about a reply's life, and the usual one (``slow_steps``).
@@ -328,7 +332,8 @@ class TailcutPolicy(RunningTable):
             estimate.observe(request.prompt_tokens, scale=1 - self._cached_share[request.tier])
         if request.tier != "realtime":
             self._lower_rate.observe(request.prompt_tokens)
-        self._arrivals_since_normal = 0 if request.tier == "normal" else self._arrivals_since_normal + 1
+        for tier, count in self._arrivals_since.items():
+            self._arrivals_since[tier] = 0 if request.tier == tier else count + 1
 
     @property
     def prefill_chunk_tokens(self) -> int:
@@ -359,7 +364,7 @@ class TailcutPolicy(RunningTable):
         """Room background leaves free for the normal tier: one chunk of a normal prompt of the
         ``prompt_quantile``, while normal requests keep arriving (0 before any was seen)."""
         seen = self._prompts["normal"].size()
-        if seen is None or self._arrivals_since_normal >= NORMAL_ROOM_MEMORY or not self.adapting:
+        if seen is None or self._arrivals_since["normal"] >= TIER_MEMORY or not self.adapting:
             return 0
         return min(seen, self._engine_chunk) if self._engine_chunk else seen
 
@@ -372,7 +377,9 @@ class TailcutPolicy(RunningTable):
         held while more realtime requests are in flight than their recent average allows
         (``background_gate_margin``), unless ``background_gate_max_waiting`` wait (here, or still in
         the intake streams: ``EngineView.backlog``), and while the steps run slow (``slow_steps``),
-        when the prefill room is also ``slow_step_room_chunks`` chunks at most."""
+        when the prefill room is also ``slow_step_room_chunks`` chunks at most. With no realtime traffic
+        (``realtime_quiet``), none of this: no reserve, and the room is what the ceiling leaves above the
+        decodes."""
         config = self.config
         chunk = self._engine_chunk
         normal_room = self.normal_room_tokens()
@@ -401,6 +408,11 @@ class TailcutPolicy(RunningTable):
             and (slow or num_realtime > usual * (1 + config.background_gate_margin))
             and background_waiting < config.background_gate_max_waiting
         )
+        if self.adapting and self.realtime_quiet(num_realtime, view):
+            # Every rule above keeps steps short for realtime replies, and none is coming: the lower
+            # tiers may fill the step, as an engine without tailcut would let them.
+            reserve, held = 0, False
+            lower_prefill = config.budget.max_tokens - decodes
         return Room(
             ceiling=config.budget.max_tokens,
             chunk=chunk,
@@ -411,6 +423,14 @@ class TailcutPolicy(RunningTable):
             background_held=held,
             at_ceiling=self.adapting and lower_prefill >= config.budget.max_tokens - decodes - reserve,
         )
+
+    def realtime_quiet(self, num_running: int, view: EngineView) -> bool:
+        """Whether the realtime tier has stopped sending: none of the last ``TIER_MEMORY`` arrivals, none
+        running (``num_running``), none waiting here or in its intake streams. A worker starts so; one
+        realtime request ends it."""
+        if self._arrivals_since["realtime"] < TIER_MEMORY or num_running or len(self._realtime):
+            return False
+        return not view.backlog_of(tiers=("realtime",))
 
     def slow_steps(self, step_ms: float, now_ms: int) -> bool:
         """Fold in this round's step time; whether the steps of about a reply's life run more than

@@ -52,6 +52,16 @@ def seen(scheduler: TailcutPolicy, tier: Tier, prompts: list[int]) -> None:
         scheduler.finish(request.id)
 
 
+def chat_running(scheduler: TailcutPolicy, *, step_ms: float = 20.0) -> SchedRequest:
+    """A realtime reply decoding from now on: the realtime tier is sending, so the rules that keep the
+    steps short for it act (``TailcutPolicy.realtime_quiet``)."""
+    chat = make("realtime", prompt=50, output=1_000_000)
+    scheduler.add(chat)
+    scheduler.schedule(roomy(step_ms=step_ms), now_ms=0)
+    scheduler.prefilled(chat.id)
+    return chat
+
+
 def test_prompt_lengths_follow_a_high_quantile_of_the_recent_prompts() -> None:
     lengths = PromptLengths(window=100, quantile=0.99, grain=16)
     assert lengths.size() is None  # nothing seen: no estimate
@@ -192,6 +202,7 @@ def test_the_lower_tiers_room_follows_their_arrivals_and_backlog_never_into_the_
     def room_after(prompt: int, every_ms: int, *, backlog: int = 0) -> tuple[int, int]:
         scheduler = TailcutPolicy(SchedulerConfig(background_gate_max_waiting=0))
         scheduler.prefill_chunk_applied(512)
+        chat_running(scheduler)
         for now_ms in range(0, 20_000, every_ms):  # 20 s of documents, each prefilled at once
             document = make("normal", prompt=prompt, arrival_ms=now_ms)
             scheduler.add(document)
@@ -210,13 +221,14 @@ def test_the_lower_tiers_room_follows_their_arrivals_and_backlog_never_into_the_
     assert room_after(500, 20)[0] == pytest.approx(20 * 25 * 1.5 + 512, rel=0.03)
     slow, fast = room_after(500, 100, backlog=20)[0], room_after(500, 100, backlog=60)[0]
     assert 1024 < slow < fast  # a backlog to drain over 20 s raises it too
-    assert room_after(500, 10, backlog=400) == (2048 - 256, 2048 - 256)  # up to the reserve, not into it
+    assert room_after(500, 10, backlog=400) == (2048 - 1 - 256, 2048 - 1 - 256)  # up to the reserve, not into it
 
 
 def test_the_backlog_counts_at_most_backlog_max_requests_of_a_tier() -> None:
     def lower_prefill(in_streams: int, most: int = 64) -> int:
         scheduler = TailcutPolicy(SchedulerConfig(backlog_max_requests=most))
         scheduler.prefill_chunk_applied(512)
+        chat_running(scheduler)
         scheduler.add(make("background", prompt=4000))  # and ``in_streams`` more still in Redis
         view = roomy(step_ms=40, backlog={("background", "long"): in_streams})
         return scheduler.room(view, now_ms=0).lower_prefill
@@ -297,6 +309,7 @@ def test_while_the_steps_run_slow_the_lower_tiers_get_a_few_chunks_and_backgroun
         )
         scheduler = TailcutPolicy(config)
         scheduler.prefill_chunk_applied(512)
+        chat_running(scheduler, step_ms=14.0)
         for index in range(200):  # 200 background requests wait, as many realtime ones run as usual
             scheduler.add(make("background", prompt=4000, arrival_ms=index))
         now_ms = 0
@@ -326,18 +339,19 @@ def test_while_the_steps_run_slow_the_lower_tiers_get_a_few_chunks_and_backgroun
 def test_at_the_step_ceiling_realtime_prefill_takes_the_reserve_before_the_lower_tiers_room() -> None:
     scheduler = TailcutPolicy(SchedulerConfig(background_gate_max_waiting=0, backlog_max_requests=400))
     scheduler.prefill_chunk_applied(512)
+    chat_running(scheduler)
     for index in range(400):  # a backlog of logs: the lower tiers ask more than the ceiling leaves
         scheduler.add(make("background", prompt=4000, arrival_ms=index))
     assert [request.tier for request in scheduler.schedule(roomy(step_ms=20), now_ms=1000).admit] == [
         "background"
-    ] * 3  # three chunks of 512 in a room of 2048 - 256 (the reserve) - 3 decodes
+    ] * 3  # three chunks of 512 in a room of 2048 - 256 (the reserve) - 4 decodes
     chat = make("realtime", prompt=200, arrival_ms=1010)
     scheduler.add(chat)
     assert scheduler.schedule(roomy(step_ms=20), now_ms=1010).admit == [chat]
     room = scheduler.room(roomy(step_ms=20), now_ms=1020)
     assert room.at_ceiling and room.lower_limit == 2048 - 256
     # The chat's 200 tokens in flight are what the reserve is for: a 240-token document still fits
-    # (4 decodes + 1536 + 240 of 1792), where counting them in the room too would leave it waiting.
+    # (5 decodes + 1536 + 240 of 1792), where counting them in the room too would leave it waiting.
     document = make("normal", prompt=240, arrival_ms=1020)
     scheduler.add(document)
     assert scheduler.schedule(roomy(step_ms=20), now_ms=1020).admit == [document]
@@ -349,3 +363,28 @@ def test_below_the_ceiling_realtime_prefill_counts_in_the_lower_tiers_room() -> 
     assert room.lower_spent(spent) == 722  # the reserve stays headroom for realtime prompts to come
     assert replace(room, at_ceiling=True).lower_spent(spent) == 522
     assert replace(room, at_ceiling=True).lower_spent(replace(spent, chunks={**spent.chunks, "realtime": 600})) == 866
+
+
+def test_with_no_realtime_traffic_the_lower_tiers_fill_the_step() -> None:
+    scheduler = TailcutPolicy(SchedulerConfig())
+    scheduler.prefill_chunk_applied(512)
+    for index in range(400):  # a backlog of logs, and no chat has come
+        scheduler.add(make("background", prompt=4000, arrival_ms=index))
+    room = scheduler.room(roomy(step_ms=20), now_ms=0)
+    assert (room.reserve, room.lower_limit, room.background_held) == (0, 2048, False)
+    assert [request.tier for request in scheduler.schedule(roomy(step_ms=20), now_ms=0).admit] == ["background"] * 4
+    # A chat waiting in its intake stream, not yet read: it is coming.
+    assert scheduler.room(roomy(step_ms=20, backlog={("realtime", "short"): 1}), now_ms=0).reserve == 256
+    # A chat comes: the reserve is kept for realtime again, while it runs and after it.
+    chat = make("realtime", prompt=100, arrival_ms=10)
+    scheduler.add(chat)
+    assert scheduler.schedule(roomy(step_ms=20), now_ms=10).admit == [chat]
+    scheduler.prefilled(chat.id)
+    scheduler.finish(chat.id)
+    for index in range(255):
+        scheduler.add(make("background", prompt=4000, arrival_ms=20 + index))
+    room = scheduler.room(roomy(step_ms=20), now_ms=300)
+    assert room.reserve == 256 and room.lower_limit <= 2048 - 256
+    # 256 arrivals without a chat among them: the realtime tier stopped sending.
+    scheduler.add(make("background", prompt=4000, arrival_ms=400))
+    assert scheduler.room(roomy(step_ms=20), now_ms=400).reserve == 0

@@ -671,6 +671,8 @@ def grid_variant(spec: str) -> policies.Variant:
             scheduler = replace(scheduler, background_gate_max_waiting=int(value))
         elif key == "bq":
             scheduler = replace(scheduler, backlog_max_requests=int(value))
+        elif key == "rv":
+            scheduler = replace(scheduler, realtime_reserve_tokens=int(value))
         elif key == "bf":
             scheduler = replace(scheduler, budget=replace(scheduler.budget, min_tokens=int(value)))
         elif key == "shed":
