@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import io
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
 import pytest
 from rich.console import Console
 
-from bench import policies_suite
+from bench import policies, policies_suite
 from bench.simrun import CAPACITY_REQUESTS
 from bench.workloads import load_workload, shipped_workloads
 from tailcut.errors import FatalError
@@ -102,3 +103,32 @@ def test_the_suite_runs_the_shipped_workloads_named_or_every_one() -> None:
     assert [workload.name for workload in named] == ["bursty", "long-history"]  # in the shipped order
     with pytest.raises(FatalError, match="not nope"):
         policies_suite.suite_workloads("long-history,nope")
+
+
+def test_overload_is_shed_from_background_first_and_a_run_that_sheds_nothing_meets_it(
+    entries: list[policies_suite.SuiteEntry],
+) -> None:
+    report = next(entry.report for entry in entries if entry.report.workload.name == "seed-mix")
+    name = "120%: excess shed as 429, background first (realtime 429s)"
+
+    def met(*, realtime: int, background: int) -> bool:
+        refused = {"realtime": realtime, "background": background}
+        results = [
+            replace(
+                result,
+                rows=[
+                    {**row, "rejected": refused[row["tier"]]}
+                    if (row["policy"], row["load"]) == ("tailcut", 1.2) and row["tier"] in refused
+                    else row
+                    for row in result.rows
+                ],
+            )
+            for result in report.results
+        ]
+        checks = policies.check_targets(replace(report, results=results))
+        return next(check.met for check in checks if check.name == name)
+
+    assert met(realtime=0, background=40)
+    assert met(realtime=0, background=0)  # no excess: nothing to shed
+    assert not met(realtime=3, background=40)
+    assert not met(realtime=3, background=0)
