@@ -172,7 +172,9 @@ class TailcutPolicy(RunningTable):
         }
         self._cached_share: dict[Tier, float] = dict.fromkeys(self._prompts, 0.0)
         self._cached_seen: dict[Tier, int] = dict.fromkeys(self._prompts, 0)
-        self._arrivals_since = dict.fromkeys(self._prompts, TIER_MEMORY)
+        # Arrivals since each tier's last one: a worker starts keeping nothing for the normal tier, and
+        # keeping what realtime needs (a chat may be the first request it gets).
+        self._arrivals_since: dict[Tier, int] = {"realtime": 0, "normal": TIER_MEMORY}
         self._lower_rate = PrefillRate(window_ms=config.traffic_window_ms)
         self._realtime_in_flight = TimeAverage(window_ms=config.traffic_window_ms)
         # The step time over about a reply's life, and the usual one (``slow_steps``).
@@ -426,8 +428,8 @@ class TailcutPolicy(RunningTable):
 
     def realtime_quiet(self, num_running: int, view: EngineView) -> bool:
         """Whether the realtime tier has stopped sending: none of the last ``TIER_MEMORY`` arrivals, none
-        running (``num_running``), none waiting here or in its intake streams. A worker starts so; one
-        realtime request ends it."""
+        running (``num_running``), none waiting here or in its intake streams. A worker starts not
+        knowing (so keeps the realtime sizes); one realtime request ends it."""
         if self._arrivals_since["realtime"] < TIER_MEMORY or num_running or len(self._realtime):
             return False
         return not view.backlog_of(tiers=("realtime",))

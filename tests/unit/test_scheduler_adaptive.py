@@ -368,7 +368,10 @@ def test_below_the_ceiling_realtime_prefill_counts_in_the_lower_tiers_room() -> 
 def test_with_no_realtime_traffic_the_lower_tiers_fill_the_step() -> None:
     scheduler = TailcutPolicy(SchedulerConfig())
     scheduler.prefill_chunk_applied(512)
-    for index in range(400):  # a backlog of logs, and no chat has come
+    for index in range(255):  # a fresh worker does not know yet whether chats will come
+        scheduler.add(make("background", prompt=4000, arrival_ms=index))
+    assert scheduler.room(roomy(step_ms=20), now_ms=0).reserve == 256
+    for index in range(255, 400):  # 400 logs, and no chat has come
         scheduler.add(make("background", prompt=4000, arrival_ms=index))
     room = scheduler.room(roomy(step_ms=20), now_ms=0)
     assert (room.reserve, room.lower_limit, room.background_held) == (0, 2048, False)
