@@ -44,7 +44,10 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     the cut-in limit lets in), ``pipe`` (the next background prompt admitted behind one on its last
     chunk), ``occ=L`` (the lower tiers' arrival rate counts each prompt's chunk for its chunks plus L
     rounds: ``count_occupancy``), ``nq=MS`` (the normal tier may go past the lower tiers' limit by its
-    backlog drained over MS: ``drain_normal``),
+    backlog drained over MS: ``drain_normal``), ``rv=N`` (``realtime_reserve_tokens``), ``slice=N``
+    (``slice_tokens``), ``ka=MS`` (the prefix keep-alive's ``ttl_ms``, 0: none), ``kvr=KIND``
+    (``kv_reservation``), ``rtfifo`` (realtime and background waiting in arrival order, not shortest
+    bucket first),
     ``noadapt`` (the policy before issue 12), ``shipped`` (the policy as it ships now: since 10df589
     with the slow-step rule on, so the sections of BENCHMARKS.md written before it ran ``shipped``
     as ``sm=0`` does now).
@@ -268,6 +271,9 @@ def patch_sizes(spec: str) -> None:
             realtime_in_reserve(unless_slow=True)
         elif key == "rtrc":
             realtime_in_reserve(unless_slow=False, at_ceiling=True)
+        elif key == "rtfifo":
+            # Realtime (and background) in arrival order only, not shortest bucket first.
+            schedmod._urgency = lambda request: (request.arrival_ms,)
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
@@ -655,6 +661,7 @@ GRID_PARTS = (
     "rtrs",
     "rtrc",
     "uw",
+    "rtfifo",
 )
 
 
@@ -671,6 +678,12 @@ def grid_variant(spec: str) -> policies.Variant:
             scheduler = replace(scheduler, background_gate_max_waiting=int(value))
         elif key == "bq":
             scheduler = replace(scheduler, backlog_max_requests=int(value))
+        elif key == "slice":
+            scheduler = replace(scheduler, slice_tokens=int(value))
+        elif key == "ka":
+            scheduler = replace(scheduler, keep_alive=replace(scheduler.keep_alive, ttl_ms=int(value)))
+        elif key == "kvr":
+            scheduler = replace(scheduler, kv_reservation=value)  # type: ignore[arg-type]
         elif key == "rv":
             scheduler = replace(scheduler, realtime_reserve_tokens=int(value))
         elif key == "bf":
@@ -800,6 +813,8 @@ def grid_rows(name: str, spec: str, load: float) -> None:
     for row in policies.run_job(job).rows:
         print(json.dumps({key: value for key, value in row.items() if not isinstance(value, (list, dict))}))
     waiting = clock["waiting"] or 1.0
+    if not clock["all"]:  # the policy never sized a room (not adapting: the configured policy)
+        return
     print(
         f"{name} {spec} {load}: lower tiers' prefill room {clock['room'] / clock['all']:.0f} tokens, their chunks in",
         f"flight {clock['in flight'] / clock['all']:.0f}; background waits {clock['waiting'] / clock['all']:.1%} of",
