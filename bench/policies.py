@@ -335,17 +335,18 @@ def run(
         on_start(len(batch) + len(kv_batch))
     results: list[JobResult] = []
     workers = jobs or os.cpu_count() or 1
-    # Longest runs first, so the pool does not end waiting on one straggler.
-    ordered = sorted([*batch, *kv_batch], key=lambda job: -job.load)
-    # A kv job is known by its position, not by comparing jobs: a job comes back from its process as a
-    # copy, and a workload's profile holds numpy arrays, which ``==`` does not reduce to a bool.
-    kv_positions = {id(job): position for position, job in enumerate(kv_batch)}
+    # Each job with its place among the kv jobs (None: a policy run), so a result is sorted by where its
+    # job was submitted, not by comparing jobs: a job comes back from its process as a copy, and a
+    # workload's profile holds numpy arrays, which ``==`` does not reduce to a bool.
+    submitted: list[tuple[Job, int | None]] = [(job, None) for job in batch]
+    submitted += [(job, position) for position, job in enumerate(kv_batch)]
     kv_done: list[tuple[int, JobResult]] = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(run_job, job): job for job in ordered}
+        # Longest runs first, so the pool does not end waiting on one straggler.
+        ordered = sorted(submitted, key=lambda pair: -pair[0].load)
+        futures = {pool.submit(run_job, job): position for job, position in ordered}
         for future in as_completed(futures):
-            result = future.result()
-            position = kv_positions.get(id(futures[future]))
+            result, position = future.result(), futures[future]
             if position is None:
                 results.append(result)
             else:

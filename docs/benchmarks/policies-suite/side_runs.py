@@ -812,9 +812,9 @@ def grid_rows(name: str, spec: str, load: float) -> None:
     job = policies.Job(grid_variant(spec), load, load * capacity, SEED, DURATION_S, workload, cost)
     for row in policies.run_job(job).rows:
         print(json.dumps({key: value for key, value in row.items() if not isinstance(value, (list, dict))}))
-    waiting = clock["waiting"] or 1.0
     if not clock["all"]:  # the policy never sized a room (not adapting: the configured policy)
         return
+    waiting = clock["waiting"] or 1.0
     print(
         f"{name} {spec} {load}: lower tiers' prefill room {clock['room'] / clock['all']:.0f} tokens, their chunks in",
         f"flight {clock['in flight'] / clock['all']:.0f}; background waits {clock['waiting'] / clock['all']:.1%} of",
