@@ -32,7 +32,9 @@ before the replies decoding through it pay for all of it. Where the step ceiling
 room, realtime prefill in flight takes the reserve before that room (``Room``). The configured chunk
 and reserve are floors while realtime traffic comes; once it stopped (none of the last ``TIER_MEMORY``
 arrivals, none in flight: ``realtime_quiet``), nothing is kept for it and the lower tiers may fill the
-step to the ceiling, as they would without tailcut.
+step to the ceiling, as they would without tailcut. Two options (off: BENCHMARKS.md) let a waiting
+normal prompt, or a realtime prompt the step would split, take the room of background prompts in
+prefill by preempting them (``normal_takes_background_prefill``, ``realtime_takes_background_prefill``).
 
 KV is counted by reservation (``SchedRequest.reserved_kv_tokens``): a request is admitted only if its
 prompt plus the output ``kv_reservation`` expects of its next call fits what the running requests'
@@ -298,6 +300,7 @@ class TailcutPolicy(RunningTable):
         # Each step, every running request decodes one token and each prompt being prefilled takes
         # a chunk; what is left is room for new prompts.
         admitted: list[SchedRequest] = []
+        yielded: list[SchedRequest] = []
         spent = Spent(len(self._running), dict.fromkeys(TIER_RANK, 0))
         for tokens, tier in self._prefilling.values():
             spent.chunks[tier] += self._chunk(tokens, room)
@@ -306,18 +309,32 @@ class TailcutPolicy(RunningTable):
             # flight, so it is not starved and still leaves every step room for what comes next.
             pick = self._pick(slots, kv, room, spent, first=not admitted and not self._prefilling)
             if pick is None:
-                break
+                if yielded or not (victims := self._background_prefill_for_normal(slots, kv, room, spent, admitted)):
+                    break
+                slots, kv = self._yield(victims, room, spent, slots, kv)
+                yielded.extend(victims)
+                continue
             self._admit(pick, now_ms)
             admitted.append(pick)
             slots -= 1
             kv -= pick.reserved_kv_tokens(self.config)
             spent.chunks[pick.tier] += self._chunk(pick.prompt_tokens, room)
+        if self.adapting and self.config.realtime_takes_background_prefill:
+            # The engine runs the prompts it is prefilling before the ones it was just given: a realtime
+            # prompt gets what they leave of the step, and is split if that is less than it needs.
+            later = sum(self._chunk(request.prompt_tokens, room) for request in admitted if request.tier != "realtime")
+            squeeze = spent.total - later - room.ceiling
+            if any(request.tier == "realtime" for request in admitted) and squeeze > 0:
+                victims = self._newest_background_prefill(squeeze, room, admitted)
+                slots, kv = self._yield(victims, room, spent, slots, kv)
+                yielded.extend(victims)
         # A realtime prompt that fits the ceiling but not the budget grows this step's budget, so it
         # is prefilled now and whole rather than split or held.
         budget = min(room.ceiling, max(room.budget, spent.total)) if self.adapting else room.budget
         decision = Decision(admit=admitted, token_budget=budget, prefill_chunk_tokens=self.prefill_chunk_tokens or None)
-        decision.preempt = self._preemptions(slots, kv)
-        for victim in decision.preempt:
+        preempted = self._preemptions(slots, kv)
+        decision.preempt = yielded + preempted
+        for victim in preempted:
             self._running.pop(victim.id, None)
             self._prefilling.pop(victim.id, None)
         return decision
@@ -590,6 +607,54 @@ class TailcutPolicy(RunningTable):
         if head is not None or tier == "normal":
             return head
         return next(self._normal(), None)
+
+    def _background_prefill_for_normal(
+        self, slots: int, kv: int, room: Room, spent: Spent, admitted: list[SchedRequest]
+    ) -> list[SchedRequest]:
+        """Background prompts in prefill (not those ``admitted`` this round) to preempt so the normal
+        request first in line fits the room (``SchedulerConfig.normal_takes_background_prefill``),
+        newest first; none where the room is not what it waits for, or where freeing every one would
+        not do."""
+        normal = next(self._normal(), None)
+        if not self.adapting or not self.config.normal_takes_background_prefill or normal is None:
+            return []
+        if slots <= 0 or normal.reserved_kv_tokens(self.config) > kv:
+            return []
+        excess = room.lower_spent(spent) + self._chunk(normal.prompt_tokens, room) - room.lower_limit
+        return self._newest_background_prefill(excess, room, admitted)
+
+    def _newest_background_prefill(self, excess: int, room: Room, admitted: list[SchedRequest]) -> list[SchedRequest]:
+        """The newest background prompts in prefill (not those ``admitted`` this round) whose chunks and
+        decodes free ``excess`` tokens of the step; none if all of them would not."""
+        now = {request.id for request in admitted}
+        prefilling = sorted(
+            (
+                self._running[request_id]
+                for request_id, (_, tier) in self._prefilling.items()
+                if tier == "background" and request_id in self._running and request_id not in now
+            ),
+            key=lambda request: request.arrival_ms,
+            reverse=True,  # the newest has computed the least
+        )
+        victims: list[SchedRequest] = []
+        for victim in prefilling:
+            if excess <= 0:
+                break
+            victims.append(victim)
+            excess -= self._chunk(victim.prompt_tokens, room) + 1
+        return victims if excess <= 0 else []
+
+    def _yield(self, victims: list[SchedRequest], room: Room, spent: Spent, slots: int, kv: int) -> tuple[int, int]:
+        """Take ``victims`` (background prompts in prefill, to be preempted) out of the running table and
+        ``spent``; the slots and KV they free."""
+        for victim in victims:
+            self._running.pop(victim.id, None)
+            self._prefilling.pop(victim.id, None)
+            spent.decodes -= 1
+            spent.chunks["background"] -= self._chunk(victim.prompt_tokens, room)
+            kv += victim.reserved_kv_tokens(self.config)
+            slots += 1
+        return slots, kv
 
     def _preemptions(self, slots: int, kv: int) -> list[SchedRequest]:
         """Running background requests to abort so waiting higher-tier heads fit."""

@@ -205,6 +205,16 @@ class SchedulerSettings(BaseModel):
     slow_step_window_ms: int = Field(
         _SCHEDULER.slow_step_window_ms, ge=1, description="The usual step time is averaged over this long."
     )
+    normal_takes_background_prefill: bool = Field(
+        _SCHEDULER.normal_takes_background_prefill,
+        description="A normal prompt waiting for prefill room preempts background prompts being prefilled (their "
+        "computed blocks stay in the prefix cache) instead of waiting out their chunks.",
+    )
+    realtime_takes_background_prefill: bool = Field(
+        _SCHEDULER.realtime_takes_background_prefill,
+        description="A realtime prompt the engine would split (the prompts already in prefill fill the step) "
+        "preempts background prompts being prefilled instead.",
+    )
     traffic_window_ms: int = Field(
         _SCHEDULER.traffic_window_ms,
         ge=1,
@@ -306,6 +316,8 @@ class SchedulerSettings(BaseModel):
             slow_step_margin=self.slow_step_margin,
             slow_step_room_chunks=self.slow_step_room_chunks,
             slow_step_window_ms=self.slow_step_window_ms,
+            normal_takes_background_prefill=self.normal_takes_background_prefill,
+            realtime_takes_background_prefill=self.realtime_takes_background_prefill,
             traffic_window_ms=self.traffic_window_ms,
             backlog_drain_ms=self.backlog_drain_ms,
             backlog_max_requests=self.backlog_max_requests,

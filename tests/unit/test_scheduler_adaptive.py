@@ -391,3 +391,50 @@ def test_with_no_realtime_traffic_the_lower_tiers_fill_the_step() -> None:
     # 256 arrivals without a chat among them: the realtime tier stopped sending.
     scheduler.add(make("background", prompt=4000, arrival_ms=400))
     assert scheduler.room(roomy(step_ms=20), now_ms=400).reserve == 0
+
+
+def test_a_normal_prompt_may_take_the_room_of_background_prompts_in_prefill() -> None:
+    def arrives_behind_logs(takes: bool) -> tuple[list[SchedRequest], list[SchedRequest], list[SchedRequest]]:
+        scheduler = TailcutPolicy(SchedulerConfig(normal_takes_background_prefill=takes))
+        scheduler.prefill_chunk_applied(512)
+        chat_running(scheduler)
+        logs = [make("background", prompt=4000, arrival_ms=index) for index in range(8)]
+        for log in logs:
+            scheduler.add(log)
+        taken = [request for request in scheduler.schedule(roomy(step_ms=20), now_ms=0).admit if request in logs]
+        document = make("normal", prompt=500, arrival_ms=100)
+        scheduler.add(document)
+        decision = scheduler.schedule(roomy(step_ms=20), now_ms=100)
+        return taken, decision.admit, decision.preempt
+
+    taken, admitted, preempted = arrives_behind_logs(takes=False)
+    assert taken  # a log's prompt fills the room: the document waits out its chunks
+    assert admitted == [] and preempted == []
+    taken, admitted, preempted = arrives_behind_logs(takes=True)
+    assert [request.tier for request in admitted] == ["normal"]
+    assert preempted == [taken[-1]]  # the newest log gives its room up, and only it
+
+
+def test_a_realtime_prompt_the_step_would_split_may_take_the_room_of_background_prompts_in_prefill() -> None:
+    def third_chat_arrives(takes: bool) -> tuple[list[SchedRequest], list[SchedRequest], int | None]:
+        scheduler = TailcutPolicy(SchedulerConfig(realtime_takes_background_prefill=takes))
+        scheduler.prefill_chunk_applied(512)
+        chat_running(scheduler)
+        for index in range(8):
+            scheduler.add(make("background", prompt=4000, arrival_ms=index))
+        log = scheduler.schedule(roomy(step_ms=20), now_ms=0).admit
+        for _ in range(2):  # two chats' prompts, prefilled alongside the log's chunk
+            scheduler.add(make("realtime", prompt=512, arrival_ms=10))
+        assert [request.tier for request in scheduler.schedule(roomy(step_ms=20), now_ms=10).admit] == ["realtime"] * 2
+        # A third: the engine runs the prompts in prefill first (5 decodes, 3 chunks: 1,541 tokens), and
+        # what they leave of the 2,048-token step is less than its 512.
+        scheduler.add(make("realtime", prompt=512, arrival_ms=20))
+        decision = scheduler.schedule(roomy(step_ms=20), now_ms=20)
+        assert [request.tier for request in decision.admit] == ["realtime"]
+        return log, decision.preempt, decision.token_budget
+
+    log, preempted, _ = third_chat_arrives(takes=False)
+    assert [request.tier for request in log] == ["background"] and preempted == []
+    log, preempted, budget = third_chat_arrives(takes=True)
+    assert preempted == log  # the log gives its room up: the chat's prompt is prefilled whole
+    assert budget is not None and budget < 2048

@@ -47,7 +47,9 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     backlog drained over MS: ``drain_normal``), ``rv=N`` (``realtime_reserve_tokens``), ``slice=N``
     (``slice_tokens``), ``ka=MS`` (the prefix keep-alive's ``ttl_ms``, 0: none), ``kvr=KIND``
     (``kv_reservation``), ``rtfifo`` (realtime and background waiting in arrival order, not shortest
-    bucket first),
+    bucket first), ``ntb`` (a normal prompt waiting for room preempts background prompts in prefill:
+    ``normal_takes_background_prefill``; ``ntbu``, ``ntbw=MS``, ``ntbh``: the same with a condition,
+    ``normal_takes_background_prefill`` the function),
     ``noadapt`` (the policy before issue 12), ``shipped`` (the policy as it ships now: since 10df589
     with the slow-step rule on, so the sections of BENCHMARKS.md written before it ran ``shipped``
     as ``sm=0`` does now).
@@ -271,12 +273,54 @@ def patch_sizes(spec: str) -> None:
             realtime_in_reserve(unless_slow=True)
         elif key == "rtrc":
             realtime_in_reserve(unless_slow=False, at_ceiling=True)
+        elif key in ("ntbu", "ntbw", "ntbh"):
+            normal_takes_background_prefill(key, value)
         elif key == "rtfifo":
             # Realtime (and background) in arrival order only, not shortest bucket first.
             schedmod._urgency = lambda request: (request.arrival_ms,)
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
+
+
+def normal_takes_background_prefill(kind: str, value: str) -> None:
+    """Variants of ``normal_takes_background_prefill`` (which ``grid_variant`` turns on for each):
+    ``ntbu``, a normal prompt takes background's room only while background is not held (the realtime
+    gate, the slow-step rule); ``ntbw=MS``, only once it has waited ``MS``; ``ntbh``, background then
+    waits until that normal prompt's prefill is done."""
+    policy = schedmod.TailcutPolicy
+    victims_for = policy._background_prefill_for_normal
+    fits = policy._fits
+
+    def choosing(self: Any, slots: int, kv: int, room: Any, spent: Any, admitted: Any) -> Any:
+        normal = next(self._normal(), None)
+        if kind == "ntbu" and room.background_held:
+            return []
+        if kind == "ntbw" and normal is not None and self.side_now_ms - normal.arrival_ms < int(value):
+            return []
+        victims = victims_for(self, slots, kv, room, spent, admitted)
+        if kind == "ntbh" and victims and normal is not None:
+            self.__dict__.setdefault("side_took", set()).add(normal.id)
+        return victims
+
+    def fitting(self: Any, request: Any, kv: int, room: Any, spent: Any, first: bool, *, overdue: bool = False) -> bool:
+        took = self.__dict__.get("side_took")
+        if request.tier == "background" and took:
+            took &= self._prefilling.keys()
+            if took:
+                return False
+        return bool(fits(self, request, kv, room, spent, first, overdue=overdue))
+
+    schedule = policy.schedule
+
+    def scheduling(self: Any, view: Any, now_ms: int) -> Any:
+        self.side_now_ms = now_ms
+        return schedule(self, view, now_ms)
+
+    policy._background_prefill_for_normal = choosing  # type: ignore[method-assign]
+    policy.schedule = scheduling  # type: ignore[method-assign]
+    if kind == "ntbh":
+        policy._fits = fitting  # type: ignore[method-assign]
 
 
 def background_waiting(policy: Any, view: Any) -> int:
@@ -662,6 +706,9 @@ GRID_PARTS = (
     "rtrc",
     "uw",
     "rtfifo",
+    "ntbh",
+    "ntbu",
+    "ntbw",
 )
 
 
@@ -696,6 +743,10 @@ def grid_variant(spec: str) -> policies.Variant:
             scheduler = replace(scheduler, slow_step_margin=float(value))
         elif key == "sk":
             scheduler = replace(scheduler, slow_step_room_chunks=int(value))
+        elif key in ("ntb", "ntbu", "ntbw", "ntbh"):
+            scheduler = replace(scheduler, normal_takes_background_prefill=value != "0")
+        elif key == "rtb":
+            scheduler = replace(scheduler, realtime_takes_background_prefill=value != "0")
         elif key not in GRID_PARTS:
             raise SystemExit(f"unknown part {part!r}")
     return replace(shipped, label=spec, scheduler=scheduler, shed=shed)
