@@ -47,7 +47,9 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     backlog drained over MS: ``drain_normal``), ``rv=N`` (``realtime_reserve_tokens``), ``slice=N``
     (``slice_tokens``), ``ka=MS`` (the prefix keep-alive's ``ttl_ms``, 0: none), ``kvr=KIND``
     (``kv_reservation``), ``rtfifo`` (realtime and background waiting in arrival order, not shortest
-    bucket first), ``ntb`` (a normal prompt waiting for room preempts background prompts in prefill:
+    bucket first), ``nbq`` / ``nbqp`` (with no background traffic, realtime prefill takes the reserve first; ``nbqp``:
+    and a realtime request short of a slot preempts running normal ones: ``without_background``),
+    ``ntb`` (a normal prompt waiting for room preempts background prompts in prefill:
     ``normal_takes_background_prefill``; ``ntbu``, ``ntbw=MS``, ``ntbh``: the same with a condition,
     ``normal_takes_background_prefill`` the function),
     ``noadapt`` (the policy before issue 12), ``shipped`` (the policy as it ships now: since 10df589
@@ -275,6 +277,8 @@ def patch_sizes(spec: str) -> None:
             realtime_in_reserve(unless_slow=False, at_ceiling=True)
         elif key in ("ntbu", "ntbw", "ntbh"):
             normal_takes_background_prefill(key, value)
+        elif key in ("nbq", "nbqp"):
+            without_background(preempt_normal=key == "nbqp")
         elif key == "rtfifo":
             # Realtime (and background) in arrival order only, not shortest bucket first.
             schedmod._urgency = lambda request: (request.arrival_ms,)
@@ -447,6 +451,57 @@ def realtime_in_reserve(*, unless_slow: bool, at_ceiling: bool = False) -> None:
         return bool(fits(self, request, kv, replace(room, at_ceiling=False), lent, first, overdue=overdue))
 
     policy._fits = fitting  # type: ignore[method-assign]
+
+
+def without_background(*, preempt_normal: bool) -> None:
+    """While no background request came among the last ``TIER_MEMORY`` arrivals and none waits or runs,
+    the normal tier is the one that yields: realtime prefill takes the reserve before the lower tiers'
+    room (``rtr``, whose only purpose below the ceiling is to throttle background), and
+    (``preempt_normal``) a waiting realtime request short of a slot or of KV preempts the newest running
+    normal requests, as it does background ones."""
+    policy = schedmod.TailcutPolicy
+    fits, preemptions, observe = policy._fits, policy._preemptions, policy._observe
+
+    def observing(self: Any, request: Any) -> None:
+        seen = self.__dict__.setdefault("side_since_background", schedmod.TIER_MEMORY)
+        self.side_since_background = 0 if request.tier == "background" else seen + 1
+        observe(self, request)
+
+    def quiet(self: Any) -> bool:
+        if self.__dict__.get("side_since_background", 0) < schedmod.TIER_MEMORY or len(self._background):
+            return False
+        return not any(request.tier == "background" for request in self._running.values())
+
+    def fitting(self: Any, request: Any, kv: int, room: Any, spent: Any, first: bool, *, overdue: bool = False) -> bool:
+        if request.tier == "realtime" or not self.adapting or not quiet(self):
+            return bool(fits(self, request, kv, room, spent, first, overdue=overdue))
+        covered = min(spent.chunks["realtime"], room.reserve)
+        lent = schedmod.Spent(spent.decodes, {**spent.chunks, "realtime": spent.chunks["realtime"] - covered})
+        return bool(fits(self, request, kv, replace(room, at_ceiling=False), lent, first, overdue=overdue))
+
+    def preempting(self: Any, slots: int, kv: int) -> Any:
+        victims = preemptions(self, slots, kv)
+        if victims or not preempt_normal or not self.adapting or not quiet(self) or not len(self._realtime):
+            return victims
+        blocked = list(self._realtime)
+        running = sorted(
+            (request for request in self._running.values() if request.tier == "normal"),
+            key=lambda request: request.arrival_ms,
+            reverse=True,
+        )[: len(blocked)]
+        need_slots = max(0, len(blocked) - slots)
+        need_kv = max(0, sum(request.reserved_kv_tokens(self.config) for request in blocked) - kv)
+        for victim in running:
+            if need_slots <= 0 and need_kv <= 0:
+                break
+            victims.append(victim)
+            need_slots -= 1
+            need_kv -= victim.reserved_kv_tokens(self.config)
+        return victims
+
+    policy._observe = observing  # type: ignore[method-assign]
+    policy._fits = fitting  # type: ignore[method-assign]
+    policy._preemptions = preempting  # type: ignore[method-assign]
 
 
 def pace_lower_tiers(margin: float) -> None:
@@ -745,6 +800,8 @@ def grid_variant(spec: str) -> policies.Variant:
             scheduler = replace(scheduler, slow_step_room_chunks=int(value))
         elif key in ("ntb", "ntbu", "ntbw", "ntbh"):
             scheduler = replace(scheduler, normal_takes_background_prefill=value != "0")
+        elif key in ("nbq", "nbqp"):
+            pass  # patch_sizes
         elif key == "rtb":
             scheduler = replace(scheduler, realtime_takes_background_prefill=value != "0")
         elif key not in GRID_PARTS:
@@ -930,6 +987,8 @@ def percentile(values: list[float]) -> float:
 
 if __name__ == "__main__":
     if sys.argv[1] == "grid":
+        for spec in sys.argv[2:]:
+            grid_variant(spec)  # an unknown part stops here, not in every worker process
         run_grid(sys.argv[2:])
         raise SystemExit(0)
     if sys.argv[1] == "rows":
