@@ -615,8 +615,10 @@ class TailcutPolicy(RunningTable):
         request first in line fits the room (``SchedulerConfig.normal_takes_background_prefill``),
         newest first; none where the room is not what it waits for, or where freeing every one would
         not do."""
+        if not self.config.normal_takes_background_prefill or not self.adapting:
+            return []
         normal = next(self._normal(), None)
-        if not self.adapting or not self.config.normal_takes_background_prefill or normal is None:
+        if normal is None:
             return []
         if slots <= 0 or normal.reserved_kv_tokens(self.config) > kv:
             return []
@@ -658,19 +660,22 @@ class TailcutPolicy(RunningTable):
 
     def _preemptions(self, slots: int, kv: int) -> list[SchedRequest]:
         """Running background requests to abort so waiting higher-tier heads fit."""
-        blocked = list(itertools.chain(self._realtime, self._normal()))
-        running_background = sorted(
-            (request for request in self._running.values() if request.tier == "background"),
-            key=lambda request: request.arrival_ms,
-            reverse=True,  # the newest loses the least
-        )
-        if not blocked or not running_background:
+        running_background = [request for request in self._running.values() if request.tier == "background"]
+        return self._victims(running_background, list(itertools.chain(self._realtime, self._normal())), slots, kv)
+
+    def _victims(
+        self, running: list[SchedRequest], blocked: list[SchedRequest], slots: int, kv: int
+    ) -> list[SchedRequest]:
+        """Of ``running``, the newest first, those to abort so that ``blocked`` (as many of them as there
+        are ``running``) get the ``slots`` and ``kv`` they lack."""
+        if not blocked or not running:
             return []
-        blocked = blocked[: len(running_background)]
+        running = sorted(running, key=lambda request: request.arrival_ms, reverse=True)  # the newest loses the least
+        blocked = blocked[: len(running)]
         need_slots = max(0, len(blocked) - slots)
         need_kv = max(0, sum(request.reserved_kv_tokens(self.config) for request in blocked) - kv)
         victims: list[SchedRequest] = []
-        for victim in running_background:
+        for victim in running:
             if need_slots <= 0 and need_kv <= 0:
                 break
             victims.append(victim)

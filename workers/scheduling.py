@@ -148,6 +148,8 @@ class SchedulerConfig:
     # "The steps of a reply's life", "Background that waits instead of being refused").
     slow_step_margin: float = 0.07
     slow_step_room_chunks: int = 2
+    # "Usual" is the step time averaged over this long of the scheduler's clock.
+    slow_step_window_ms: int = 30_000
     # A normal prompt that waits for prefill room while background prompts are being prefilled takes
     # their room: the newest of them are preempted (what they computed stays in the engine's prefix
     # cache) and wait again, so a document arriving behind a log's 2,048-token prompt does not wait out
@@ -160,8 +162,6 @@ class SchedulerConfig:
     # its first token came 4 ms sooner at the P99 on a held-back-like mix, for 3% of background at 100%
     # (BENCHMARKS.md, the same section).
     realtime_takes_background_prefill: bool = False
-    # "Usual" is the step time averaged over this long of the scheduler's clock.
-    slow_step_window_ms: int = 30_000
     fair_quantum_tokens: int = 512
     fair_min_weight: float = 0.25
     fair_max_weight: float = 8.0

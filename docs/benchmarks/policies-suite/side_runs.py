@@ -483,21 +483,8 @@ def without_background(*, preempt_normal: bool) -> None:
         victims = preemptions(self, slots, kv)
         if victims or not preempt_normal or not self.adapting or not quiet(self) or not len(self._realtime):
             return victims
-        blocked = list(self._realtime)
-        running = sorted(
-            (request for request in self._running.values() if request.tier == "normal"),
-            key=lambda request: request.arrival_ms,
-            reverse=True,
-        )[: len(blocked)]
-        need_slots = max(0, len(blocked) - slots)
-        need_kv = max(0, sum(request.reserved_kv_tokens(self.config) for request in blocked) - kv)
-        for victim in running:
-            if need_slots <= 0 and need_kv <= 0:
-                break
-            victims.append(victim)
-            need_slots -= 1
-            need_kv -= victim.reserved_kv_tokens(self.config)
-        return victims
+        running_normal = [request for request in self._running.values() if request.tier == "normal"]
+        return self._victims(running_normal, list(self._realtime), slots, kv)
 
     policy._observe = observing  # type: ignore[method-assign]
     policy._fits = fitting  # type: ignore[method-assign]
