@@ -4,7 +4,8 @@ Runs one suite job (a shipped policy variant on a workload's seeded trace at a l
 given as the suite measured it) on the virtual clock with the engine's step log, then, for the
 realtime replies of the top 1% E2E, of the middle tenth and of all, averages over the steps between
 each reply's first token and its end: the step time, the prompt tokens computed per step (realtime and
-lower tiers apart, by the engine priority each request was added with) and the decoding requests.
+lower tiers apart, and background of the lower tiers, by the engine priority each request was added
+with) and the decoding requests; then the share of busy steps that computed no background prompt token.
 Run from the repository root:
 
     .venv/bin/python docs/benchmarks/policies-suite-360s-capacity-30k/slow_realtime_steps.py \\
@@ -29,6 +30,7 @@ from bench.workloads import make_trace, workload_and_cost
 from workers.engines.steplog import StepLog
 
 REALTIME_PRIORITY = 1  # TailcutPolicy.engine_priority of realtime (its summaries: 0)
+NORMAL_PRIORITY = 3  # and of the normal tier (background: 5)
 
 
 def steps_of(path: Path) -> list[dict[str, Any]]:
@@ -42,6 +44,7 @@ def steps_of(path: Path) -> list[dict[str, Any]]:
         ]
         step["realtime_prefill"] = sum(n for rank, n in computed if rank <= REALTIME_PRIORITY)
         step["lower_prefill"] = sum(n for rank, n in computed if rank > REALTIME_PRIORITY)
+        step["background_prefill"] = sum(n for rank, n in computed if rank > NORMAL_PRIORITY)
     return steps
 
 
@@ -64,7 +67,8 @@ def report(label: str, group: Sequence[SimRecord], steps: list[dict[str, Any]]) 
         f"TTFT {statistics.mean(r.ttft_ms or 0 for r in group):.1f} ms, "
         f"{statistics.mean(r.arrival.output_tokens for r in group):.1f} tokens; "
         f"per decode step {mean('ms'):.2f} ms, prompt tokens realtime {mean('realtime_prefill'):.0f} "
-        f"+ lower tiers {mean('lower_prefill'):.0f}, {mean('decode'):.0f} decoding"
+        f"+ lower tiers {mean('lower_prefill'):.0f} (background {mean('background_prefill'):.0f}), "
+        f"{mean('decode'):.0f} decoding"
     )
 
 
@@ -92,6 +96,8 @@ def main(argv: Sequence[str]) -> None:
     print(report("top 1%", replies[count * 99 // 100 :], steps))
     print(report("middle", replies[count * 45 // 100 : count * 55 // 100], steps))
     print(report("all", replies, steps))
+    without = sum(1 for step in steps if step["ms"] > 0 and not step["background_prefill"])
+    print(f"steps with no background prefill: {without / len(busy):.1%}")
 
 
 if __name__ == "__main__":
