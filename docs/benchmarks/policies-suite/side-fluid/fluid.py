@@ -14,27 +14,34 @@ by count (``fn`` in prefill, ``fb`` of them background), realtime whenever its K
 gate, the slow-step rule's hold and the KV preemptions are the shipped policy's.
 
 Spec parts, ``+``-joined with any ``side_runs.py grid`` part: ``fluid=M`` (on, with margin M),
-``fw=MS``, ``fs=F``, ``fn=N``, ``fb=N``. From the repository root:
+``fw=MS``, ``fs=F``, ``fn=N``, ``fb=N``, and ``gm=X`` (``background_gate_margin``, with or
+without the flow: 1000 turns the realtime gate off). From the repository root:
 
     SIDE_WORKLOADS=seed-mix SIDE_SUITE=docs/benchmarks/policies-suite-360s-capacity-30k/seed0/suite.json \\
       .venv/bin/python docs/benchmarks/policies-suite/side-fluid/fluid.py fluid=0.3 fluid=0.3+fw=30000
 
-or ``fluid.py rows WORKLOAD VARIANT LOAD`` for one run's rows, as ``side_runs.py rows`` prints them.
+or ``fluid.py rows WORKLOAD VARIANT LOAD`` for one run's rows, as ``side_runs.py rows`` prints them, or
+``fluid.py steps WORKLOAD VARIANT LOAD`` for the steps its slowest realtime replies decode through.
 """
 
 import math
+import statistics
 import sys
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from bench import policies
+from bench.simrun import simulate
+from bench.workloads import make_trace, workload_and_cost
+from workers.engines.steplog import StepLog
 from workers.scheduling import Decision
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import side_runs  # type: ignore[import-not-found]
 
-PARTS = ("fluid", "fw", "fs", "fn", "fb")
+PARTS = ("fluid", "fw", "fs", "fn", "fb", "gm")
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,46 @@ def install(flow: Flow) -> None:
     policy.schedule = schedule
 
 
+def steps(name: str, spec: str, load: float) -> None:
+    """``slow_realtime_steps.py``'s report of one variant's run (the steps the slowest realtime replies
+    decode through), on the suite's trace of ``name``; with the step time's and the lower tiers' prefill's
+    spread over every busy step."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "policies-suite-360s-capacity-30k"))
+    import slow_realtime_steps as report  # type: ignore[import-not-found]
+
+    side_runs.patch_sizes(spec)
+    workload, cost = workload_and_cost(name, "h100-llama3-8b")
+    job = policies.Job(
+        side_runs.grid_variant(spec),
+        load,
+        load * side_runs.capacities_rps()[name],
+        side_runs.SEED,
+        side_runs.DURATION_S,
+        workload,
+        cost,
+    )
+    trace = make_trace(workload, job.rate_rps, seed=job.seed, duration_s=job.duration_s)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "steps.jsonl"
+        log = StepLog(path)
+        run = simulate(trace, workload, job.config(), duration_s=job.duration_s, step_log=log)
+        log.close()
+        lines = report.steps_of(path)
+    replies = sorted(
+        (r for r in run.records if r.arrival.tier == "realtime" and r.e2e_ms is not None and r.ttft_ms is not None),
+        key=lambda record: record.e2e_ms or 0.0,
+    )
+    busy = [line["ms"] for line in lines if line["ms"] > 0]
+    lower = [line["lower_prefill"] for line in lines if line["ms"] > 0]
+    print(f"{name}, seed {job.seed}, {spec} at {load:.0%}:")
+    print(report.report("top 1%", replies[len(replies) * 99 // 100 :], lines))
+    print(report.report("all", replies, lines))
+    print(
+        f"  busy steps {statistics.mean(busy):.2f} ms (sd {statistics.stdev(busy):.2f}),",
+        f"lower-tier prefill sd {statistics.stdev(lower):.0f} tokens",
+    )
+
+
 def main(specs: list[str]) -> None:
     patch_sizes, grid_variant = side_runs.patch_sizes, side_runs.grid_variant
 
@@ -164,11 +211,18 @@ def main(specs: list[str]) -> None:
         patch_sizes(rest_of(spec))
 
     def variant(spec: str) -> policies.Variant:
-        return replace(grid_variant(rest_of(spec)), label=spec)
+        shipped = grid_variant(rest_of(spec))
+        scheduler = shipped.scheduler
+        for key, _, value in (part.partition("=") for part in spec.split("+")):
+            if key == "gm":
+                scheduler = replace(scheduler, background_gate_margin=float(value))
+        return replace(shipped, label=spec, scheduler=scheduler)
 
     side_runs.patch_sizes, side_runs.grid_variant = patch, variant
     if specs[0] == "rows":  # as ``side_runs.py rows WORKLOAD VARIANT LOAD``
         side_runs.grid_rows(specs[1], specs[2], float(specs[3]))
+    elif specs[0] == "steps":
+        steps(specs[1], specs[2], float(specs[3]))
     else:
         side_runs.run_grid(specs)
 
