@@ -1,7 +1,7 @@
 """Lower-tier prefill as a flow instead of whole chunks (SIMULATOR; a side run of issue 12, not shipped).
 
 At 100% on seed-mix the slowest 1% of realtime replies decode through steps 11% longer than the mean,
-and most of the difference is background prefill (``steps_split.py`` here): background is admitted
+and most of the difference is background prefill (``slow_realtime_steps.py``): background is admitted
 one prompt at a time in whole chunks, none is in prefill in a third of the steps although 160 wait on
 average, and what it computes per step is uncorrelated with what the normal tier does. This variant
 replaces the policy's admission by a flow: every round the lower tiers get ``L`` prompt tokens of the
