@@ -72,6 +72,23 @@ def report(label: str, group: Sequence[SimRecord], steps: list[dict[str, Any]]) 
     )
 
 
+def run_with_steps(job: policies.Job) -> tuple[list[SimRecord], list[dict[str, Any]]]:
+    """Run ``job`` on its seeded trace with the engine's step log: its realtime replies, by E2E, and the
+    log's steps (``steps_of``)."""
+    trace = make_trace(job.workload, job.rate_rps, seed=job.seed, duration_s=job.duration_s)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "steps.jsonl"
+        log = StepLog(path)
+        run = simulate(trace, job.workload, job.config(), duration_s=job.duration_s, step_log=log)
+        log.close()
+        steps = steps_of(path)
+    replies = sorted(
+        (r for r in run.records if r.arrival.tier == "realtime" and r.e2e_ms is not None and r.ttft_ms is not None),
+        key=lambda record: record.e2e_ms or 0.0,
+    )
+    return replies, steps
+
+
 def main(argv: Sequence[str]) -> None:
     name, seed, capacity = argv[0], int(argv[1]), float(argv[2])
     label = argv[3] if len(argv) > 3 else "tailcut"
@@ -79,17 +96,7 @@ def main(argv: Sequence[str]) -> None:
     workload, cost = workload_and_cost(name, "h100-llama3-8b")
     variant = next(variant for variant in policies.variants() if variant.label == label)
     job = policies.Job(variant, load, load * capacity, seed, policies.DURATION_S, workload, cost)
-    trace = make_trace(workload, job.rate_rps, seed=seed, duration_s=job.duration_s)
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "steps.jsonl"
-        log = StepLog(path)
-        run = simulate(trace, workload, job.config(), duration_s=job.duration_s, step_log=log)
-        log.close()
-        steps = steps_of(path)
-    replies = sorted(
-        (r for r in run.records if r.arrival.tier == "realtime" and r.e2e_ms is not None and r.ttft_ms is not None),
-        key=lambda record: record.e2e_ms or 0.0,
-    )
+    replies, steps = run_with_steps(job)
     count = len(replies)
     busy = [step["ms"] for step in steps if step["ms"] > 0]
     print(f"{name}, seed {seed}, {label} at {load:.0%}: {len(busy)} steps, mean {statistics.mean(busy):.2f} ms")

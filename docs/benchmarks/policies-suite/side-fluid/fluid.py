@@ -27,15 +27,12 @@ or ``fluid.py rows WORKLOAD VARIANT LOAD`` for one run's rows, as ``side_runs.py
 import math
 import statistics
 import sys
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from bench import policies
-from bench.simrun import simulate
-from bench.workloads import make_trace, workload_and_cost
-from workers.engines.steplog import StepLog
+from bench.workloads import workload_and_cost
 from workers.scheduling import Decision
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
@@ -179,17 +176,7 @@ def steps(name: str, spec: str, load: float) -> None:
         workload,
         cost,
     )
-    trace = make_trace(workload, job.rate_rps, seed=job.seed, duration_s=job.duration_s)
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "steps.jsonl"
-        log = StepLog(path)
-        run = simulate(trace, workload, job.config(), duration_s=job.duration_s, step_log=log)
-        log.close()
-        lines = report.steps_of(path)
-    replies = sorted(
-        (r for r in run.records if r.arrival.tier == "realtime" and r.e2e_ms is not None and r.ttft_ms is not None),
-        key=lambda record: record.e2e_ms or 0.0,
-    )
+    replies, lines = report.run_with_steps(job)
     busy = [line["ms"] for line in lines if line["ms"] > 0]
     lower = [line["lower_prefill"] for line in lines if line["ms"] > 0]
     print(f"{name}, seed {job.seed}, {spec} at {load:.0%}:")
