@@ -183,6 +183,8 @@ class TailcutPolicy(RunningTable):
         self._recent_step = TimeAverage(window_ms=1.0)
         self._usual_step = TimeAverage(window_ms=config.slow_step_window_ms)
         self._steps_seen = False
+        # Past what the worker serves (``overloaded``).
+        self._overloaded = False
         # The engine's prefill chunk in force: the configured one until the driver applied another.
         # The adaptive sizes act only once it did: they count on the engine chunking as asked.
         self._engine_chunk = config.prefill_chunk_tokens
@@ -361,10 +363,13 @@ class TailcutPolicy(RunningTable):
         in one step, and to half the budget floor — lower-tier prompts then go through about two at a
         time at full speed instead of many at a crawl (a prompt's first token waits for its last
         chunk); at most half the budget ceiling, so a realtime prompt fits beside one lower-tier
-        chunk. 0 (no chunking) stays 0."""
+        chunk. 0 (no chunking) stays 0. Past what the worker serves (``overloaded``), the configured one:
+        the lower tiers' fixed room is then filled evenly, in several chunks a step, not one of half the
+        budget floor every other step (on a mix of long realtime prompts, keeping those whole there left
+        the lower tiers one chunk at a time: background at 100% 0.72x vllm-priority's against 0.96x)."""
         config = self.config
         configured = config.prefill_chunk_tokens
-        if not configured or not config.adaptive:
+        if not configured or not config.adaptive or self._overloaded:
             return configured
         seen = self._prompts["realtime"].size() or 0
         return max(configured, min(max(seen, config.budget.min_tokens // 2), config.budget.max_tokens // 2))
@@ -432,6 +437,11 @@ class TailcutPolicy(RunningTable):
             # tiers may fill the step, as an engine without tailcut would let them.
             reserve, held = 0, False
             lower_prefill = config.budget.max_tokens - decodes
+        elif self.adapting and self.overloaded(background_waiting):
+            # More is sent than served: no room made for demand that cannot be met, none held for
+            # prompts still to come; the budget rule's room, evenly filled.
+            lower_prefill = max(self.current_budget(view, now_ms) - decodes - config.realtime_reserve_tokens, chunk)
+            normal_room, held = 0, False
         return Room(
             ceiling=config.budget.max_tokens,
             chunk=chunk,
@@ -442,6 +452,17 @@ class TailcutPolicy(RunningTable):
             background_held=held,
             at_ceiling=self.adapting and lower_prefill >= config.budget.max_tokens - decodes - reserve,
         )
+
+    def overloaded(self, background_waiting: int) -> bool:
+        """Whether the worker serves less than the lower tiers send: from
+        ``overload_background_waiting`` background requests waiting (``background_waiting``) until half
+        as many do (so the engine's chunk, which it sets, changes seldom). Never with the rule off."""
+        threshold = self.config.overload_background_waiting
+        if self._overloaded:
+            self._overloaded = background_waiting > threshold // 2
+        else:
+            self._overloaded = 0 < threshold <= background_waiting
+        return self._overloaded
 
     def realtime_quiet(self, num_running: int, view: EngineView) -> bool:
         """Whether the realtime tier has stopped sending: none of the last ``TIER_MEMORY`` arrivals, none

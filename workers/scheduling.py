@@ -148,6 +148,14 @@ class SchedulerConfig:
     # "The steps of a reply's life", "Background that waits instead of being refused").
     slow_step_margin: float = 0.07
     slow_step_room_chunks: int = 2
+    # Overload: from this many background requests waiting (here and in the intake streams; near the
+    # tier's shedding bound of 192) until half as many do, the worker serves less than the lower tiers
+    # send, so their room no longer follows their demand: it is the budget rule's, taken in the
+    # configured chunk (a longer realtime prompt is split), with no room held for the normal tier, no
+    # gate and no slow-step rule — steps of one size, evenly filled, which the realtime replies decoding
+    # through them need most when the engine never idles (BENCHMARKS.md "Past what the worker serves").
+    # 0: off.
+    overload_background_waiting: int = 176
     # "Usual" is the step time averaged over this long of the scheduler's clock.
     slow_step_window_ms: int = 30_000
     # A normal prompt that waits for prefill room while background prompts are being prefilled takes
@@ -182,6 +190,10 @@ class SchedulerConfig:
             raise ValueError(
                 "slow_step_margin must not be negative (0: off), slow_step_room_chunks and slow_step_window_ms must "
                 f"be at least 1: {self.slow_step_margin}, {self.slow_step_room_chunks}, {self.slow_step_window_ms}"
+            )
+        if self.overload_background_waiting < 0:
+            raise ValueError(
+                f"overload_background_waiting must not be negative (0: off): {self.overload_background_waiting}"
             )
         if self.traffic_window_ms < 1 or self.backlog_drain_ms < 1 or self.backlog_max_requests < 1:
             raise ValueError(

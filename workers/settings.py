@@ -202,6 +202,12 @@ class SchedulerSettings(BaseModel):
     slow_step_room_chunks: int = Field(
         _SCHEDULER.slow_step_room_chunks, ge=1, description="The lower tiers' prefill room then, in prefill chunks."
     )
+    overload_background_waiting: int = Field(
+        _SCHEDULER.overload_background_waiting,
+        ge=0,
+        description="From this many background requests waiting until half as many do, the lower tiers' room is the "
+        "budget rule's in the configured chunk: no demand term, normal room, gate or slow-step rule (0: off).",
+    )
     slow_step_window_ms: int = Field(
         _SCHEDULER.slow_step_window_ms, ge=1, description="The usual step time is averaged over this long."
     )
@@ -315,6 +321,7 @@ class SchedulerSettings(BaseModel):
             background_gate_max_waiting=self.background_gate_max_waiting,
             slow_step_margin=self.slow_step_margin,
             slow_step_room_chunks=self.slow_step_room_chunks,
+            overload_background_waiting=self.overload_background_waiting,
             slow_step_window_ms=self.slow_step_window_ms,
             normal_takes_background_prefill=self.normal_takes_background_prefill,
             realtime_takes_background_prefill=self.realtime_takes_background_prefill,

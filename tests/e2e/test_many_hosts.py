@@ -38,7 +38,10 @@ WORKER_START_S = 150
 # A 2 s heartbeat (below), default take-over settings: a dead worker's beat vouches for it 4 s and the
 # survivor looks every 0.5 s, so it takes over 2-5 s after the death. Generous for two busy cores.
 TAKEOVER_S = 10.0
-ROUND_TWO_S = 45  # from the host's death to the last stream's end (5-13 s here)
+ROUND_TWO_S = 45  # from the host's death to the last stream's end (5-13 s here)...
+# ...or, on a machine slower than that (other work on its two cores), this many times round one: the
+# survivor serves alone what is left of a round both hosts served.
+ROUND_TWO_PER_ROUND_ONE = 3
 
 
 @dataclass
@@ -244,6 +247,7 @@ async def test_workers_on_two_hosts_share_the_group_and_a_dead_hosts_streams_fin
                             *(stream(client, body(index), Reply()) for index in range(NUM_REQUESTS))
                         )
                     round_one_s = time.monotonic() - started
+                    round_two_limit_s = max(ROUND_TWO_S, TAKEOVER_S + ROUND_TWO_PER_ROUND_ONE * round_one_s)
                     first_ids = {reply.request_id for reply in references}
                     served = await finals_by_worker(workers, first_ids)
                     took = {worker_id: handled(child) & first_ids for worker_id, child in workers.items()}
@@ -289,12 +293,12 @@ async def test_workers_on_two_hosts_share_the_group_and_a_dead_hosts_streams_fin
                             os.killpg(workers[doomed].pid, signal.SIGKILL)
                         dead_host.delete()
                         try:
-                            async with asyncio.timeout(ROUND_TWO_S):
+                            async with asyncio.timeout(round_two_limit_s):
                                 await asyncio.gather(*tasks)
                         except TimeoutError:
                             taken = log_events(workers[survivor], "request_reclaimed")
                             pytest.fail(
-                                f"the streams had not completed {ROUND_TWO_S} s after {doomed} died: tokens "
+                                f"the streams had not completed {round_two_limit_s:.0f} s after {doomed} died: tokens "
                                 f"{[reply.num_tokens for reply in replies]}, take-overs logged: {len(taken)}"
                             )
                         round_two_s = time.monotonic() - killed_at
@@ -369,7 +373,7 @@ async def test_workers_on_two_hosts_share_the_group_and_a_dead_hosts_streams_fin
     assert finished_after[survivor] == unfinished
     # All of them were taken over within seconds, and streamed on.
     assert max(taken_over_after_s) < TAKEOVER_S, f"take-over took {taken_over_after_s} s"
-    assert all(seconds < ROUND_TWO_S for seconds in resumed_after_s.values())
+    assert all(seconds < round_two_limit_s for seconds in resumed_after_s.values())
     # Every client stream completed once, whole, as in round one.
     for reply, reference in zip(replies, references, strict=True):
         assert_one_whole_reply(reply, reference)

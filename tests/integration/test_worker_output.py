@@ -47,9 +47,10 @@ def message(request_id: str, *, max_tokens: int) -> RequestMessage:
 
 
 def settings(redis_url: str, keys: Keys, model: Path, **overrides: object) -> WorkerSettings:
+    overrides.setdefault("read_block_ms", 100)
     return WorkerSettings(
         redis_url=redis_url, key_prefix=keys.prefix, model=str(model), worker_id=f"w-{keys.prefix}",
-        read_block_ms=100, **overrides,  # type: ignore[arg-type]
+        **overrides,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -146,13 +147,19 @@ async def test_after_a_read_that_empties_the_streams_the_next_waits_for_the_firs
 ) -> None:
     """At light load the read that follows one that took everything waiting is sent once what was taken
     has written its first output (bounded by ``READ_AFTER_WRITE_MAX_S``, raised here so that the engine's
-    slow first step cannot end the wait): preparing and sending it stays off the first token's path."""
+    slow first step cannot end the wait): preparing and sending it stays off the first token's path.
+    The request is sent while a blocking read waits (the read that finds a stream empty): one sent during
+    the worker's quick non-blocking read, on a loaded machine, is taken by it, and that read says nothing
+    of the streams being emptied."""
     monkeypatch.setattr(worker_module, "READ_AFTER_WRITE_MAX_S", 30.0)
     order: list[str] = []
     read = intake.read
+    blocking = asyncio.Event()
 
     async def recorded_read(*args: Any, **kwargs: Any) -> list[intake.IntakeEntry]:
         order.append("read")
+        if kwargs["block_ms"] is not None:
+            blocking.set()
         taken = await read(*args, **kwargs)
         if taken:
             order.append("took")
@@ -169,8 +176,9 @@ async def test_after_a_read_that_empties_the_streams_the_next_waits_for_the_firs
     monkeypatch.setattr(OutputWriter, "_write_once", recorded_write)
     null = EngineSettings(kind="null", null_step_ms=200)
     async with null_engine_setup(redis_url, tiny_model, null) as (engine, keys, redis):
-        async with running_workers([settings(redis_url, keys, tiny_model)], engine, redis_url) as (worker,):
-            await until(lambda: "read" in order, timeout_s=20, what="the worker's first read")
+        worker_settings = settings(redis_url, keys, tiny_model, read_block_ms=2_000)
+        async with running_workers([worker_settings], engine, redis_url) as (worker,):
+            await until(blocking.is_set, timeout_s=20, what="the worker's first blocking read")
             await intake.enqueue(redis, keys, message("light", max_tokens=2))
             await until(lambda: worker.outcomes["final"] == 1, timeout_s=20, what="the request served")
     after = order[order.index("took") + 1 :]

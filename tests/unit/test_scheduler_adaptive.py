@@ -200,7 +200,8 @@ def test_a_realtime_prompt_that_fits_the_budget_is_prefilled_whole_in_one_step()
 
 def test_the_lower_tiers_room_follows_their_arrivals_and_backlog_never_into_the_reserve() -> None:
     def room_after(prompt: int, every_ms: int, *, backlog: int = 0) -> tuple[int, int]:
-        scheduler = TailcutPolicy(SchedulerConfig(background_gate_max_waiting=0))
+        # No overload rule: a backlog of 400 would take the demand term away.
+        scheduler = TailcutPolicy(SchedulerConfig(background_gate_max_waiting=0, overload_background_waiting=0))
         scheduler.prefill_chunk_applied(512)
         chat_running(scheduler)
         for now_ms in range(0, 20_000, every_ms):  # 20 s of documents, each prefilled at once
@@ -226,7 +227,7 @@ def test_the_lower_tiers_room_follows_their_arrivals_and_backlog_never_into_the_
 
 def test_the_backlog_counts_at_most_backlog_max_requests_of_a_tier() -> None:
     def lower_prefill(in_streams: int, most: int = 64) -> int:
-        scheduler = TailcutPolicy(SchedulerConfig(backlog_max_requests=most))
+        scheduler = TailcutPolicy(SchedulerConfig(backlog_max_requests=most, overload_background_waiting=0))
         scheduler.prefill_chunk_applied(512)
         chat_running(scheduler)
         scheduler.add(make("background", prompt=4000))  # and ``in_streams`` more still in Redis
@@ -305,7 +306,10 @@ def test_while_the_steps_run_slow_the_lower_tiers_get_a_few_chunks_and_backgroun
     def sizes(margin: float, steps_ms: list[float], *, max_waiting: int = 1_000, apart_ms: int = 14) -> Room:
         """The room after 30 s of 14-ms steps, then ``steps_ms`` one round each, ``apart_ms`` apart."""
         config = SchedulerConfig(
-            slow_step_margin=margin, background_gate_max_waiting=max_waiting, backlog_max_requests=200
+            slow_step_margin=margin,
+            background_gate_max_waiting=max_waiting,
+            backlog_max_requests=200,
+            overload_background_waiting=0,  # 200 waiting would be past what the worker serves
         )
         scheduler = TailcutPolicy(config)
         scheduler.prefill_chunk_applied(512)
@@ -337,7 +341,8 @@ def test_while_the_steps_run_slow_the_lower_tiers_get_a_few_chunks_and_backgroun
 
 
 def test_at_the_step_ceiling_realtime_prefill_takes_the_reserve_before_the_lower_tiers_room() -> None:
-    scheduler = TailcutPolicy(SchedulerConfig(background_gate_max_waiting=0, backlog_max_requests=400))
+    config = SchedulerConfig(background_gate_max_waiting=0, backlog_max_requests=400, overload_background_waiting=0)
+    scheduler = TailcutPolicy(config)
     scheduler.prefill_chunk_applied(512)
     chat_running(scheduler)
     for index in range(400):  # a backlog of logs: the lower tiers ask more than the ceiling leaves
@@ -438,3 +443,35 @@ def test_a_realtime_prompt_the_step_would_split_may_take_the_room_of_background_
     log, preempted, budget = third_chat_arrives(takes=True)
     assert preempted == log  # the log gives its room up: the chat's prompt is prefilled whole
     assert budget is not None and budget < 2048
+
+
+def test_past_what_the_worker_serves_the_room_is_the_budget_rules_in_the_configured_chunk() -> None:
+    scheduler = TailcutPolicy(SchedulerConfig(overload_background_waiting=100, backlog_max_requests=200))
+    seen(scheduler, "normal", [500] * 64)  # documents keep coming: background leaves them a chunk's room
+    scheduler.prefill_chunk_applied(scheduler.prefill_chunk_tokens)
+    chat_running(scheduler, step_ms=14.0)
+
+    def room_with(num_waiting: int, now_ms: int) -> Room:
+        while len(scheduler._background) < num_waiting:
+            scheduler.add(make("background", prompt=4000, arrival_ms=now_ms))
+        while len(scheduler._background) > num_waiting:
+            scheduler.remove(next(iter(scheduler._background)).id)
+        room = scheduler.room(roomy(step_ms=14.0), now_ms=now_ms)
+        scheduler.prefill_chunk_applied(scheduler.prefill_chunk_tokens)  # the driver applies the chunk asked
+        return room
+
+    # 99 logs wait: the adaptive room (the demand term makes it more than the budget rule's 1,025 less
+    # the chat's decode and the 256 reserve), a chunk of 512, a normal chunk's room kept.
+    usual = room_with(99, 1_000)
+    assert usual.lower_prefill > 768 and usual.normal_room == 512 and usual.chunk == 512
+    # 100 wait: the budget rule's room, no normal room; the engine is asked for the configured chunk
+    # (the chat's 50-token prompts need no more), which the next round counts with.
+    over = room_with(100, 1_014)
+    assert (over.lower_prefill, over.normal_room, over.background_held) == (768, 0, False)
+    assert scheduler.prefill_chunk_tokens == 256 and room_with(100, 1_021).chunk == 256
+    assert room_with(51, 1_028).lower_prefill == 768  # until half as many wait
+    back = room_with(50, 1_042)
+    assert back.lower_prefill > 768 and back.normal_room > 0 and scheduler.prefill_chunk_tokens == 512
+    # Off (0): never.
+    off = TailcutPolicy(SchedulerConfig(overload_background_waiting=0))
+    assert not off.overloaded(10_000)

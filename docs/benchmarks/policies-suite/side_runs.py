@@ -282,9 +282,56 @@ def patch_sizes(spec: str) -> None:
         elif key == "rtfifo":
             # Realtime (and background) in arrival order only, not shortest bucket first.
             schedmod._urgency = lambda request: (request.arrival_ms,)
+        elif key in ("ov", "ovn", "ovb", "ovc"):
+            parts = dict(part.partition("=")[::2] for part in spec.split("+"))
+            overload_room(
+                key,
+                int(value),
+                extra=int(parts.get("ovr", 0)),
+                chunk_tokens=int(parts.get("ovk", 0)),
+                leave=int(parts.get("ovx", int(value) // 2)),
+            )
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
+
+
+def overload_room(kind: str, threshold: int, *, extra: int, chunk_tokens: int, leave: int) -> None:
+    """While ``threshold`` or more background requests wait (until ``ovx=N``, by default half as many,
+    do), the worker is taken to be past what it serves: ``ov``, the room is the budget rule's alone (no normal room, no
+    demand term, no realtime gate, no slow-step rule: the policy before issue 12's room, with the
+    adaptive chunk and reserve); ``ovn``, only the normal tier's room goes; ``ovb``, the room is
+    the budget rule's but the slow-step rule still caps it; ``ovc``, as ``ov`` with the configured
+    chunk (the policy before issue 12 while it lasts), or ``ovk=N``'s; ``ovr=N`` adds N tokens to that room."""
+    policy = schedmod.TailcutPolicy
+    room, chunk = policy.room, policy.prefill_chunk_tokens
+
+    def chunking(self: Any) -> int:
+        if self.__dict__.get("side_over") and self.adapting:
+            return chunk_tokens or int(self.config.prefill_chunk_tokens)
+        return int(chunk.fget(self))  # type: ignore[attr-defined]
+
+    if kind == "ovc":
+        policy.prefill_chunk_tokens = property(chunking)  # type: ignore[assignment,method-assign]
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        sizes = room(self, view, now_ms)
+        waiting = background_waiting(self, view)
+        over = self.__dict__.get("side_over", False)
+        over = waiting >= threshold if not over else waiting > leave
+        self.side_over = over
+        if not over or not self.adapting or not sizes.chunk:
+            return sizes
+        if kind == "ovn":
+            return replace(sizes, normal_room=0)
+        config = self.config
+        lower = self.current_budget(view, now_ms) - sizes.decodes - config.realtime_reserve_tokens
+        lower = max(lower + extra, sizes.chunk)
+        if kind == "ovb" and sizes.background_held:
+            lower = min(lower, sizes.lower_prefill)
+        return replace(sizes, lower_prefill=lower, normal_room=0, background_held=False, at_ceiling=False)
+
+    policy.room = sizing  # type: ignore[method-assign]
 
 
 def normal_takes_background_prefill(kind: str, value: str) -> None:
@@ -751,6 +798,14 @@ GRID_PARTS = (
     "ntbh",
     "ntbu",
     "ntbw",
+    "ov",
+    "ovn",
+    "ovb",
+    "ovc",
+    "ovr",
+    "ovk",
+    "ovx",
+    "ow",
 )
 
 
@@ -785,6 +840,8 @@ def grid_variant(spec: str) -> policies.Variant:
             scheduler = replace(scheduler, slow_step_margin=float(value))
         elif key == "sk":
             scheduler = replace(scheduler, slow_step_room_chunks=int(value))
+        elif key == "ow":
+            scheduler = replace(scheduler, overload_background_waiting=int(value))
         elif key in ("ntb", "ntbu", "ntbw", "ntbh"):
             scheduler = replace(scheduler, normal_takes_background_prefill=value != "0")
         elif key in ("nbq", "nbqp"):
