@@ -52,9 +52,12 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     ``ntb`` (a normal prompt waiting for room preempts background prompts in prefill:
     ``normal_takes_background_prefill``; ``ntbu``, ``ntbw=MS``, ``ntbh``: the same with a condition,
     ``normal_takes_background_prefill`` the function),
-    ``noadapt`` (the policy before issue 12), ``shipped`` (the policy as it ships now: since 10df589
-    with the slow-step rule on, so the sections of BENCHMARKS.md written before it ran ``shipped``
-    as ``sm=0`` does now).
+    ``ow=N`` (``overload_background_waiting``, 0: off), ``ov=N`` / ``ovn=N`` / ``ovb=N`` / ``ovc=N`` with
+    ``ovr=N``, ``ovk=N``, ``ovx=N`` (the overload rule's forms tried before it was built:
+    ``overload_room``), ``noadapt`` (the policy before issue 12), ``shipped`` (the policy as it ships
+    now: since 10df589 with the slow-step rule on, so the sections of BENCHMARKS.md written before it
+    ran ``shipped`` as ``sm=0`` does now; since 8b1abc5 with the overload rule at 176, which ``ow=0``
+    takes off).
     ``SIDE_WORKLOADS=seed-mix`` runs only the workloads named. One line per variant: the suite's targets
     (``bench.policies.check_targets``) with the baselines' rows of each workload's ``results.json``, the
     misses, seed-mix's figures, and (on this folder's traces) those that fell below the policy before
@@ -291,6 +294,8 @@ def patch_sizes(spec: str) -> None:
                 chunk_tokens=int(parts.get("ovk", 0)),
                 leave=int(parts.get("ovx", int(value) // 2)),
             )
+        elif key == "owr":
+            overload_reserve_first()
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
@@ -330,6 +335,19 @@ def overload_room(kind: str, threshold: int, *, extra: int, chunk_tokens: int, l
         if kind == "ovb" and sizes.background_held:
             lower = min(lower, sizes.lower_prefill)
         return replace(sizes, lower_prefill=lower, normal_room=0, background_held=False, at_ceiling=False)
+
+    policy.room = sizing  # type: ignore[method-assign]
+
+
+def overload_reserve_first() -> None:
+    """Past what the worker serves (``TailcutPolicy.overloaded``), realtime chunks in flight take the
+    reserve before the lower tiers' room, as they do where the step ceiling bounds it (``Room.at_ceiling``)."""
+    policy = schedmod.TailcutPolicy
+    room = policy.room
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        sizes = room(self, view, now_ms)
+        return replace(sizes, at_ceiling=True) if self._overloaded else sizes
 
     policy.room = sizing  # type: ignore[method-assign]
 
@@ -806,6 +824,7 @@ GRID_PARTS = (
     "ovk",
     "ovx",
     "ow",
+    "owr",
 )
 
 
