@@ -32,13 +32,13 @@ before the replies decoding through it pay for all of it. Where the step ceiling
 room, realtime prefill in flight takes the reserve before that room (``Room``). The configured chunk
 and reserve are floors while realtime traffic comes; once it stopped (none of the last ``TIER_MEMORY``
 arrivals, none in flight: ``realtime_quiet``), nothing is kept for it and the lower tiers may fill the
-step to the ceiling, as they would without tailcut. Past what the worker serves — from
-``overload_background_waiting`` background requests waiting until half as many do (``overloaded``) — the
-lower tiers' room is the budget rule's, in the configured chunk, with none of the rules above: their
-demand cannot be met, and steps of one size, evenly filled, are what the realtime replies need when
-the engine never idles. Two options (off: BENCHMARKS.md) let a waiting
+step to the ceiling, as they would without tailcut. Three options (off: BENCHMARKS.md) let a waiting
 normal prompt, or a realtime prompt the step would split, take the room of background prompts in
-prefill by preempting them (``normal_takes_background_prefill``, ``realtime_takes_background_prefill``).
+prefill by preempting them (``normal_takes_background_prefill``, ``realtime_takes_background_prefill``),
+and, past what the worker serves — from ``overload_background_waiting`` background requests waiting
+until half as many do (``overloaded``) — give the lower tiers the budget rule's room in the configured
+chunk, with none of the rules above: their demand cannot be met, and steps of one size, evenly filled,
+are what the realtime replies need when the engine never idles.
 
 KV is counted by reservation (``SchedRequest.reserved_kv_tokens``): a request is admitted only if its
 prompt plus the output ``kv_reservation`` expects of its next call fits what the running requests'

@@ -148,14 +148,15 @@ class SchedulerConfig:
     # "The steps of a reply's life", "Background that waits instead of being refused").
     slow_step_margin: float = 0.07
     slow_step_room_chunks: int = 2
-    # Overload: from this many background requests waiting (here and in the intake streams; near the
+    # Overload: from this many background requests waiting (here and in the intake streams; below the
     # tier's shedding bound of 192) until half as many do, the worker serves less than the lower tiers
     # send, so their room no longer follows their demand: it is the budget rule's, taken in the
     # configured chunk (a longer realtime prompt is split), with no room held for the normal tier, no
     # gate and no slow-step rule — steps of one size, evenly filled, which the realtime replies decoding
-    # through them need most when the engine never idles (BENCHMARKS.md "Past what the worker serves").
-    # 0: off.
-    overload_background_waiting: int = 176
+    # through them need most when the engine never idles. 0: off, the default: at 176 it raised
+    # background at 100% on three shipped workloads, but a burst at 90% on one trace set it off and the
+    # realtime tail there went over its line (BENCHMARKS.md "Past what the worker serves").
+    overload_background_waiting: int = 0
     # "Usual" is the step time averaged over this long of the scheduler's clock.
     slow_step_window_ms: int = 30_000
     # A normal prompt that waits for prefill room while background prompts are being prefilled takes

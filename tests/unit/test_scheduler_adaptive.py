@@ -472,6 +472,6 @@ def test_past_what_the_worker_serves_the_room_is_the_budget_rules_in_the_configu
     assert room_with(51, 1_028).lower_prefill == 768  # until half as many wait
     back = room_with(50, 1_042)
     assert back.lower_prefill > 768 and back.normal_room > 0 and scheduler.prefill_chunk_tokens == 512
-    # Off (0): never.
-    off = TailcutPolicy(SchedulerConfig(overload_background_waiting=0))
+    # Off (0, the default): never.
+    off = TailcutPolicy(SchedulerConfig())
     assert not off.overloaded(10_000)

@@ -56,9 +56,10 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     ``ovr=N``, ``ovk=N``, ``ovx=N`` (the overload rule's forms tried before it was built:
     ``overload_room``), ``noadapt`` (the policy before issue 12), ``shipped`` (the policy as it ships
     now: since 10df589 with the slow-step rule on, so the sections of BENCHMARKS.md written before it
-    ran ``shipped`` as ``sm=0`` does now; since 8b1abc5 with the overload rule at 176, which ``ow=0``
-    takes off).
-    ``SIDE_WORKLOADS=seed-mix`` runs only the workloads named. One line per variant: the suite's targets
+    ran ``shipped`` as ``sm=0`` does now; on 8b1abc5–be00189 with the overload rule at 176, which is
+    off by default since: ``ow=176`` turns it on).
+    ``SIDE_WORKLOADS=seed-mix`` runs only the workloads named; ``SIDE_CHECKS_OUT=PATH`` appends each
+    variant's targets, every one with its value, to PATH as a JSON line. One line per variant: the suite's targets
     (``bench.policies.check_targets``) with the baselines' rows of each workload's ``results.json``, the
     misses, seed-mix's figures, and (on this folder's traces) those that fell below the policy before
     issue 12's.
@@ -75,7 +76,7 @@ import os
 import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -942,6 +943,11 @@ def run_grid(specs: list[str]) -> None:
                     ]
                     line.append(f"; seed-mix below the policy before issue 12: {'; '.join(fell) or 'none'}")
             print(*line, flush=True)
+            if out := os.environ.get("SIDE_CHECKS_OUT"):  # every target's value, as the suite's suite.json has them
+                checks_of = {each: policies.check_targets(reports[each]) for each in GRID_NAMES}
+                targets = {each: [asdict(check) for check in found] for each, found in checks_of.items()}
+                with Path(out).open("a") as file:
+                    file.write(json.dumps({"spec": spec, "seed": SEED, "targets": targets}) + "\n")
 
 
 def grid_rows(name: str, spec: str, load: float) -> None:
