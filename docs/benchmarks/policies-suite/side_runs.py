@@ -54,10 +54,12 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     ``normal_takes_background_prefill`` the function),
     ``ow=N`` (``overload_background_waiting``, 0: off), ``ov=N`` / ``ovn=N`` / ``ovb=N`` / ``ovc=N`` with
     ``ovr=N``, ``ovk=N``, ``ovx=N`` (the overload rule's forms tried before it was built:
-    ``overload_room``), ``noadapt`` (the policy before issue 12), ``shipped`` (the policy as it ships
-    now: since 10df589 with the slow-step rule on, so the sections of BENCHMARKS.md written before it
-    ran ``shipped`` as ``sm=0`` does now; on 8b1abc5–be00189 with the overload rule at 176, which is
-    off by default since: ``ow=176`` turns it on).
+    ``overload_room``), ``owr`` (realtime chunks take the reserve first while overloaded), ``owt=MS``
+    (the rule entered only after MS of the queue at its threshold: ``overload_after``), ``noadapt``
+    (the policy before issue 12), ``shipped`` (the policy as it ships now: since 10df589 with the
+    slow-step rule on, so the sections of BENCHMARKS.md written before it ran ``shipped`` as ``sm=0``
+    does now; on 8b1abc5–be00189 with the overload rule at 176, which is off by default since:
+    ``ow=176`` turns it on).
     ``SIDE_WORKLOADS=seed-mix`` runs only the workloads named; ``SIDE_CHECKS_OUT=PATH`` appends each
     variant's targets, every one with its value, to PATH as a JSON line. One line per variant: the suite's targets
     (``bench.policies.check_targets``) with the baselines' rows of each workload's ``results.json``, the
@@ -297,6 +299,8 @@ def patch_sizes(spec: str) -> None:
             )
         elif key == "owr":
             overload_reserve_first()
+        elif key == "owt":
+            overload_after(int(value))
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
@@ -351,6 +355,36 @@ def overload_reserve_first() -> None:
         return replace(sizes, at_ceiling=True) if self._overloaded else sizes
 
     policy.room = sizing  # type: ignore[method-assign]
+
+
+def overload_after(dwell_ms: int) -> None:
+    """The overload rule (``ow=N``) entered only once N or more background requests have waited for
+    ``dwell_ms`` of the scheduler's clock without a break: a burst fills the queue as fast as a load
+    past what the worker serves, but does not keep it full."""
+    policy = schedmod.TailcutPolicy
+    room = policy.room
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        self.side_now_ms = now_ms
+        return room(self, view, now_ms)
+
+    def overloaded(self: Any, background_waiting: int) -> bool:
+        threshold = self.config.overload_background_waiting
+        if self._overloaded:
+            self._overloaded = background_waiting > threshold // 2
+        elif 0 < threshold <= background_waiting:
+            since = self.__dict__.get("side_above_since")
+            if since is None:
+                since = self.side_above_since = self.side_now_ms
+            self._overloaded = self.side_now_ms - since >= dwell_ms
+        else:
+            self.side_above_since = None
+        if self._overloaded:
+            self.side_above_since = None
+        return bool(self._overloaded)
+
+    policy.room = sizing  # type: ignore[method-assign]
+    policy.overloaded = overloaded  # type: ignore[method-assign]
 
 
 def normal_takes_background_prefill(kind: str, value: str) -> None:
@@ -826,6 +860,7 @@ GRID_PARTS = (
     "ovx",
     "ow",
     "owr",
+    "owt",
 )
 
 
