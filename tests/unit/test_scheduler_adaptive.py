@@ -200,8 +200,7 @@ def test_a_realtime_prompt_that_fits_the_budget_is_prefilled_whole_in_one_step()
 
 def test_the_lower_tiers_room_follows_their_arrivals_and_backlog_never_into_the_reserve() -> None:
     def room_after(prompt: int, every_ms: int, *, backlog: int = 0) -> tuple[int, int]:
-        # No overload rule: a backlog of 400 would take the demand term away.
-        scheduler = TailcutPolicy(SchedulerConfig(background_gate_max_waiting=0, overload_background_waiting=0))
+        scheduler = TailcutPolicy(SchedulerConfig(background_gate_max_waiting=0))
         scheduler.prefill_chunk_applied(512)
         chat_running(scheduler)
         for now_ms in range(0, 20_000, every_ms):  # 20 s of documents, each prefilled at once
@@ -227,7 +226,7 @@ def test_the_lower_tiers_room_follows_their_arrivals_and_backlog_never_into_the_
 
 def test_the_backlog_counts_at_most_backlog_max_requests_of_a_tier() -> None:
     def lower_prefill(in_streams: int, most: int = 64) -> int:
-        scheduler = TailcutPolicy(SchedulerConfig(backlog_max_requests=most, overload_background_waiting=0))
+        scheduler = TailcutPolicy(SchedulerConfig(backlog_max_requests=most))
         scheduler.prefill_chunk_applied(512)
         chat_running(scheduler)
         scheduler.add(make("background", prompt=4000))  # and ``in_streams`` more still in Redis
@@ -306,10 +305,7 @@ def test_while_the_steps_run_slow_the_lower_tiers_get_a_few_chunks_and_backgroun
     def sizes(margin: float, steps_ms: list[float], *, max_waiting: int = 1_000, apart_ms: int = 14) -> Room:
         """The room after 30 s of 14-ms steps, then ``steps_ms`` one round each, ``apart_ms`` apart."""
         config = SchedulerConfig(
-            slow_step_margin=margin,
-            background_gate_max_waiting=max_waiting,
-            backlog_max_requests=200,
-            overload_background_waiting=0,  # 200 waiting would be past what the worker serves
+            slow_step_margin=margin, background_gate_max_waiting=max_waiting, backlog_max_requests=200
         )
         scheduler = TailcutPolicy(config)
         scheduler.prefill_chunk_applied(512)
@@ -341,8 +337,7 @@ def test_while_the_steps_run_slow_the_lower_tiers_get_a_few_chunks_and_backgroun
 
 
 def test_at_the_step_ceiling_realtime_prefill_takes_the_reserve_before_the_lower_tiers_room() -> None:
-    config = SchedulerConfig(background_gate_max_waiting=0, backlog_max_requests=400, overload_background_waiting=0)
-    scheduler = TailcutPolicy(config)
+    scheduler = TailcutPolicy(SchedulerConfig(background_gate_max_waiting=0, backlog_max_requests=400))
     scheduler.prefill_chunk_applied(512)
     chat_running(scheduler)
     for index in range(400):  # a backlog of logs: the lower tiers ask more than the ceiling leaves
