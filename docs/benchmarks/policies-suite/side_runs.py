@@ -55,7 +55,8 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     ``ow=N`` (``overload_background_waiting``, 0: off), ``ov=N`` / ``ovn=N`` / ``ovb=N`` / ``ovc=N`` with
     ``ovr=N``, ``ovk=N``, ``ovx=N`` (the overload rule's forms tried before it was built:
     ``overload_room``), ``owr`` (realtime chunks take the reserve first while overloaded), ``owt=MS``
-    (the rule entered only after MS of the queue at its threshold: ``overload_after``), ``noadapt``
+    (the rule entered only after MS of the queue at its threshold: ``overload_after``), ``ows`` (the
+    slow-step rule's cap still holds while overloaded: ``overload_keeps_slow_steps``), ``noadapt``
     (the policy before issue 12), ``shipped`` (the policy as it ships now: since 10df589 with the
     slow-step rule on, so the sections of BENCHMARKS.md written before it ran ``shipped`` as ``sm=0``
     does now; on 8b1abc5–be00189 with the overload rule at 176, which is off by default since:
@@ -66,12 +67,19 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     misses, seed-mix's figures, and (on this folder's traces) those that fell below the policy before
     issue 12's.
 
+``SIDE timeline WORKLOAD VARIANT LOAD [BIN_S]``
+    one grid variant's run of one workload at one load, per ``BIN_S`` (10) seconds of arrivals: the
+    realtime replies sent then, their P99 E2E and how many are over the whole run's P99, and over the
+    scheduler's rounds then, the share spent past what the worker serves (``overloaded``), background
+    waiting (least and most), the lower tiers' prefill room and the step time (``timeline``).
+
 ``SIDE rows WORKLOAD VARIANT LOAD``
     one grid variant's run of one workload at one load: every tier's row of it (one JSON line each),
     and what held background back (``grid_rows``). WORKLOAD may be a workload file's path, with
     ``SIDE_CAPACITY=RPS`` its fifo capacity (as ``tailcut bench policies --workload PATH`` measured it).
 """
 
+import bisect
 import json
 import multiprocessing
 import os
@@ -301,6 +309,8 @@ def patch_sizes(spec: str) -> None:
             overload_reserve_first()
         elif key == "owt":
             overload_after(int(value))
+        elif key == "ows":
+            overload_keeps_slow_steps()
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
@@ -354,6 +364,29 @@ def overload_reserve_first() -> None:
         sizes = room(self, view, now_ms)
         return replace(sizes, at_ceiling=True) if self._overloaded else sizes
 
+    policy.room = sizing  # type: ignore[method-assign]
+
+
+def overload_keeps_slow_steps() -> None:
+    """Past what the worker serves (``TailcutPolicy.overloaded``), the lower tiers' room is still at
+    most ``slow_step_room_chunks`` chunks while the steps run slow (``slow_steps``): the fixed room
+    then gives way to the replies decoding through a stretch of slow steps, as the adaptive room does."""
+    policy = schedmod.TailcutPolicy
+    room, slow_steps = policy.room, policy.slow_steps
+
+    def slowing(self: Any, step_ms: float, now_ms: int) -> bool:
+        slow = bool(slow_steps(self, step_ms, now_ms))
+        self.side_slow = slow
+        return slow
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        sizes = room(self, view, now_ms)
+        if not (self._overloaded and self.__dict__.get("side_slow") and sizes.chunk):
+            return sizes
+        cap = sizes.chunk * self.config.slow_step_room_chunks
+        return replace(sizes, lower_prefill=min(sizes.lower_prefill, cap))
+
+    policy.slow_steps = slowing  # type: ignore[method-assign]
     policy.room = sizing  # type: ignore[method-assign]
 
 
@@ -860,6 +893,7 @@ GRID_PARTS = (
     "ovx",
     "ow",
     "owr",
+    "ows",
     "owt",
 )
 
@@ -1036,6 +1070,48 @@ def grid_rows(name: str, spec: str, load: float) -> None:
     )
 
 
+def timeline(name: str, spec: str, load: float, bin_s: int) -> None:
+    """``SIDE timeline``: where in the run a variant's realtime tail comes from, beside the overload
+    rule's state, background's queue, the lower tiers' room and the step time."""
+    patch_sizes(spec)
+    policy = schedmod.TailcutPolicy
+    room = policy.room
+    rounds: list[tuple[int, bool, int, int, float]] = []
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        sizes = room(self, view, now_ms)
+        if self.adapting:
+            rounds.append((now_ms, self._overloaded, len(self._background), sizes.lower_prefill, view.step_ms))
+        return sizes
+
+    policy.room = sizing  # type: ignore[method-assign]
+    workload, cost = workload_and_cost(name, "h100-llama3-8b")
+    rate_rps = load * capacities_rps()[name]
+    job = policies.Job(grid_variant(spec), load, rate_rps, SEED, DURATION_S, workload, cost)
+    run = simulate(
+        make_trace(workload, rate_rps, seed=SEED, duration_s=DURATION_S), workload, job.config(), duration_s=DURATION_S
+    )
+    replies = [r for r in policies.records_of(run) if r.tier == "realtime" and r.e2e_ms is not None]
+    whole = percentile([r.e2e_ms for r in replies if r.e2e_ms is not None])
+    print(f"{name} {spec} at {load:.0%}, seed {SEED}: realtime P99 E2E {whole:.0f} ms over {len(replies)} replies")
+    times = [round_[0] for round_ in rounds]
+    for start in range(0, int(DURATION_S) + 2 * bin_s, bin_s):
+        e2e = [r.e2e_ms for r in replies if r.e2e_ms is not None and start <= r.sent_s < start + bin_s]
+        lo, hi = bisect.bisect_left(times, start * 1000), bisect.bisect_left(times, (start + bin_s) * 1000)
+        mine = rounds[lo:hi]
+        if not e2e and not mine:
+            continue
+        n = max(len(mine), 1)
+        print(
+            f"  [{start:3d}, {start + bin_s:3d}) s: {len(e2e):5d} replies,",
+            f"P99 {percentile(e2e) if e2e else 0:6.0f} ms,",
+            f"{sum(1 for value in e2e if value > whole):3d} over the run's;",
+            f"overloaded {sum(1 for r in mine if r[1]) / n:4.0%}, background waiting",
+            f"{min((r[2] for r in mine), default=0):3d}-{max((r[2] for r in mine), default=0):3d},",
+            f"room {sum(r[3] for r in mine) / n:5.0f} tokens, step {sum(r[4] for r in mine) / n:5.1f} ms",
+        )
+
+
 # --- floor and yield ---
 
 EXPERIMENTS: dict[str, tuple[Callable[[str], policies.Variant], Callable[[str, str, float, Rows], None]]] = {
@@ -1097,6 +1173,9 @@ if __name__ == "__main__":
         raise SystemExit(0)
     if sys.argv[1] == "rows":
         grid_rows(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+        raise SystemExit(0)
+    if sys.argv[1] == "timeline":
+        timeline(sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else 10)
         raise SystemExit(0)
     if sys.argv[1] == "bursts":
         capacities = capacities_rps()
