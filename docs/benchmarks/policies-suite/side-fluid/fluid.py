@@ -15,7 +15,13 @@ gate, the slow-step rule's hold and the KV preemptions are the shipped policy's.
 
 Spec parts, ``+``-joined with any ``side_runs.py grid`` part: ``fluid=M`` (on, with margin M),
 ``fw=MS``, ``fs=F``, ``fn=N``, ``fb=N``, and ``gm=X`` (``background_gate_margin``, with or
-without the flow: 1000 turns the realtime gate off). From the repository root:
+without the flow: 1000 turns the realtime gate off). Constant sizes instead of the demand (each turns the
+flow on by itself): ``fc=N``, the lower tiers get N prompt tokens every step; ``ft=C``, steps of one
+time: they get what the step's decodes (``DECODE_SHARE`` of a prompt token each) and realtime prompts
+leave of C tokens; ``ff``, the engine's chunk is the whole of ``L`` instead of its share per prompt (the
+step's budget then cuts what the next prompt gets, so a step stays full when a prompt ends in it);
+``fo``, the flow only past what the worker serves (``TailcutPolicy.overloaded``, with ``ow=N``), the
+shipped policy otherwise. From the repository root:
 
     SIDE_WORKLOADS=seed-mix SIDE_SUITE=docs/benchmarks/policies-suite-360s-capacity-30k/seed0/suite.json \\
       .venv/bin/python docs/benchmarks/policies-suite/side-fluid/fluid.py fluid=0.3 fluid=0.3+fw=30000
@@ -38,7 +44,9 @@ from workers.scheduling import Decision
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import side_runs  # type: ignore[import-not-found]
 
-PARTS = ("fluid", "fw", "fs", "fn", "fb", "gm")
+PARTS = ("fluid", "fw", "fs", "fn", "fb", "gm", "fc", "ff", "ft", "fo")
+# A decode's share of a prompt token's step time in the cost model (h100-llama3-8b: 6.00 against 17.25 µs).
+DECODE_SHARE = 6.00 / 17.25
 
 
 @dataclass(frozen=True)
@@ -48,18 +56,26 @@ class Flow:
     slow_factor: float = 0.0
     max_lower: int = 3
     max_background: int = 2
+    constant: int = 0
+    whole_chunk: bool = False
+    step_tokens: int = 0
+    only_overloaded: bool = False
 
 
 def flow_of(spec: str) -> Flow | None:
     values = {key: value for key, _, value in (part.partition("=") for part in spec.split("+")) if key in PARTS}
-    if "fluid" not in values:
+    if "fluid" not in values and "fc" not in values and "ft" not in values:
         return None
     return Flow(
-        margin=float(values["fluid"]),
+        margin=float(values.get("fluid", 0)),
         window_ms=float(values.get("fw", 0)),
         slow_factor=float(values.get("fs", 0)),
         max_lower=int(values.get("fn", 3)),
         max_background=int(values.get("fb", 2)),
+        constant=int(values.get("fc", 0)),
+        whole_chunk="ff" in spec.split("+"),
+        step_tokens=int(values.get("ft", 0)),
+        only_overloaded="fo" in spec.split("+"),
     )
 
 
@@ -79,6 +95,8 @@ def install(flow: Flow) -> None:
         backlog += self._queued_tokens(list(self._background), view.backlog_of(tiers=("background",)))
         rate = self._lower_rate.tokens_per_ms + backlog / config.backlog_drain_ms
         tokens = min(view.step_ms * rate * (1 + flow.margin), config.budget.max_tokens - sizes.decodes - sizes.reserve)
+        if flow.constant:
+            tokens = flow.constant
         if sizes.reserve == 0:  # realtime quiet: the lower tiers may fill the step
             tokens = config.budget.max_tokens - sizes.decodes
         if flow.window_ms:
@@ -141,7 +159,12 @@ def install(flow: Flow) -> None:
                 num_lower += 1
                 num_background += pick.tier == "background"
         ceiling = self.config.budget.max_tokens
-        chunk = min(ceiling, max(self._prompts["realtime"].size() or 0, math.ceil(tokens / max(1, num_lower))))
+        if flow.step_tokens and sizes.reserve:
+            # Steps of one time, not one prefill: the lower tiers get what the decodes and the realtime
+            # prompts leave of ``ft`` prompt tokens' worth of step.
+            tokens = max(64, int(flow.step_tokens - len(self._running) * DECODE_SHARE - realtime_tokens))
+        share = tokens if flow.whole_chunk else math.ceil(tokens / max(1, num_lower))
+        chunk = min(ceiling, max(self._prompts["realtime"].size() or 0, share))
         budget = min(ceiling, len(self._running) + realtime_tokens + tokens)
         decision = Decision(admit=admitted, token_budget=max(1, budget), prefill_chunk_tokens=chunk)
         decision.preempt = self._preemptions(slots, kv)
@@ -151,7 +174,9 @@ def install(flow: Flow) -> None:
         return decision
 
     def schedule(self: Any, view: Any, now_ms: int, _shipped: Any = policy.schedule) -> Decision:
-        return flow_schedule(self, view, now_ms) if self.adapting else _shipped(self, view, now_ms)
+        if self.adapting and (self._overloaded or not flow.only_overloaded):
+            return flow_schedule(self, view, now_ms)
+        return _shipped(self, view, now_ms)
 
     policy.room = flow_room
     policy.slow_steps = flow_slow_steps
