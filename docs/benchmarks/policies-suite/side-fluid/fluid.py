@@ -21,7 +21,9 @@ time: they get what the step's decodes (``DECODE_SHARE`` of a prompt token each)
 leave of C tokens; ``ff``, the engine's chunk is the whole of ``L`` instead of its share per prompt (the
 step's budget then cuts what the next prompt gets, so a step stays full when a prompt ends in it);
 ``fo``, the flow only past what the worker serves (``TailcutPolicy.overloaded``, with ``ow=N``), the
-shipped policy otherwise. From the repository root:
+shipped policy otherwise; ``fd``, steps of one time at the demand: the flow's ``L`` plus the step's
+decodes and realtime prompts, smoothed over ``fw``, is the step's whole time, and the lower tiers get
+what the decodes and realtime prompts leave of it. From the repository root:
 
     SIDE_WORKLOADS=seed-mix SIDE_SUITE=docs/benchmarks/policies-suite-360s-capacity-30k/seed0/suite.json \\
       .venv/bin/python docs/benchmarks/policies-suite/side-fluid/fluid.py fluid=0.3 fluid=0.3+fw=30000
@@ -44,7 +46,7 @@ from workers.scheduling import Decision
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import side_runs  # type: ignore[import-not-found]
 
-PARTS = ("fluid", "fw", "fs", "fn", "fb", "gm", "fc", "ff", "ft", "fo")
+PARTS = ("fluid", "fw", "fs", "fn", "fb", "gm", "fc", "ff", "ft", "fo", "fd")
 # A decode's share of a prompt token's step time in the cost model (h100-llama3-8b: 6.00 against 17.25 µs).
 DECODE_SHARE = 6.00 / 17.25
 
@@ -60,6 +62,7 @@ class Flow:
     whole_chunk: bool = False
     step_tokens: int = 0
     only_overloaded: bool = False
+    demand_time: bool = False
 
 
 def flow_of(spec: str) -> Flow | None:
@@ -76,6 +79,7 @@ def flow_of(spec: str) -> Flow | None:
         whole_chunk="ff" in spec.split("+"),
         step_tokens=int(values.get("ft", 0)),
         only_overloaded="fo" in spec.split("+"),
+        demand_time="fd" in spec.split("+"),
     )
 
 
@@ -97,6 +101,9 @@ def install(flow: Flow) -> None:
         tokens = min(view.step_ms * rate * (1 + flow.margin), config.budget.max_tokens - sizes.decodes - sizes.reserve)
         if flow.constant:
             tokens = flow.constant
+        if flow.demand_time:  # smooth the step's whole time (``fd``), not the lower tiers' share of it
+            in_prefill = sum(count for count, tier in self._prefilling.values() if tier == "realtime")
+            tokens += sizes.decodes * DECODE_SHARE + in_prefill
         if sizes.reserve == 0:  # realtime quiet: the lower tiers may fill the step
             tokens = config.budget.max_tokens - sizes.decodes
         if flow.window_ms:
@@ -159,6 +166,8 @@ def install(flow: Flow) -> None:
                 num_lower += 1
                 num_background += pick.tier == "background"
         ceiling = self.config.budget.max_tokens
+        if flow.demand_time and sizes.reserve:
+            tokens = max(64, int(tokens - len(self._running) * DECODE_SHARE - realtime_tokens))
         if flow.step_tokens and sizes.reserve:
             # Steps of one time, not one prefill: the lower tiers get what the decodes and the realtime
             # prompts leave of ``ft`` prompt tokens' worth of step.
