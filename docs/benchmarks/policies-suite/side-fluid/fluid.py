@@ -46,7 +46,7 @@ from workers.scheduling import Decision
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import side_runs  # type: ignore[import-not-found]
 
-PARTS = ("fluid", "fw", "fs", "fn", "fb", "gm", "fc", "ff", "ft", "fo", "fd")
+PARTS = ("fluid", "fw", "fs", "fn", "fb", "gm", "fc", "ff", "ft", "fo", "fd", "fx")
 # A decode's share of a prompt token's step time in the cost model (h100-llama3-8b: 6.00 against 17.25 µs).
 DECODE_SHARE = 6.00 / 17.25
 
@@ -63,6 +63,7 @@ class Flow:
     step_tokens: int = 0
     only_overloaded: bool = False
     demand_time: bool = False
+    exact_budget: bool = False
 
 
 def flow_of(spec: str) -> Flow | None:
@@ -80,6 +81,7 @@ def flow_of(spec: str) -> Flow | None:
         step_tokens=int(values.get("ft", 0)),
         only_overloaded="fo" in spec.split("+"),
         demand_time="fd" in spec.split("+"),
+        exact_budget="fx" in spec.split("+"),
     )
 
 
@@ -174,7 +176,11 @@ def install(flow: Flow) -> None:
             tokens = max(64, int(flow.step_tokens - len(self._running) * DECODE_SHARE - realtime_tokens))
         share = tokens if flow.whole_chunk else math.ceil(tokens / max(1, num_lower))
         chunk = min(ceiling, max(self._prompts["realtime"].size() or 0, share))
-        budget = min(ceiling, len(self._running) + realtime_tokens + tokens)
+        # The engine runs the prompts in prefill before it admits the new realtime ones, so with one
+        # token a prompt in prefill counted as a decode, the last lower-tier prompt takes the realtime
+        # prompts' share when its chunk is the whole flow (``ff``); ``fx`` counts the decodes alone.
+        decodes = len(self._running) - (len(self._prefilling) if flow.exact_budget else 0)
+        budget = min(ceiling, decodes + realtime_tokens + tokens)
         decision = Decision(admit=admitted, token_budget=max(1, budget), prefill_chunk_tokens=chunk)
         decision.preempt = self._preemptions(slots, kv)
         for victim in decision.preempt:
