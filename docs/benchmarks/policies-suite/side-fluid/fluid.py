@@ -20,6 +20,7 @@ flow on by itself): ``fc=N``, the lower tiers get N prompt tokens every step; ``
 time: they get what the step's decodes (``DECODE_SHARE`` of a prompt token each) and realtime prompts
 leave of C tokens; ``ff``, the engine's chunk is the whole of ``L`` instead of its share per prompt (the
 step's budget then cuts what the next prompt gets, so a step stays full when a prompt ends in it);
+``fh=C``, steps of C tokens' time instead of ``ft``'s past what the worker serves (with ``ow=N``);
 ``fo``, the flow only past what the worker serves (``TailcutPolicy.overloaded``, with ``ow=N``), the
 shipped policy otherwise; ``fd``, steps of one time at the demand: the flow's ``L`` plus the step's
 decodes and realtime prompts, smoothed over ``fw``, is the step's whole time, and the lower tiers get
@@ -46,7 +47,7 @@ from workers.scheduling import Decision
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import side_runs  # type: ignore[import-not-found]
 
-PARTS = ("fluid", "fw", "fs", "fn", "fb", "gm", "fc", "ff", "ft", "fo", "fd", "fx")
+PARTS = ("fluid", "fw", "fs", "fn", "fb", "gm", "fc", "ff", "ft", "fo", "fd", "fx", "fh")
 # A decode's share of a prompt token's step time in the cost model (h100-llama3-8b: 6.00 against 17.25 µs).
 DECODE_SHARE = 6.00 / 17.25
 
@@ -64,6 +65,7 @@ class Flow:
     only_overloaded: bool = False
     demand_time: bool = False
     exact_budget: bool = False
+    overloaded_step_tokens: int = 0
 
 
 def flow_of(spec: str) -> Flow | None:
@@ -82,6 +84,7 @@ def flow_of(spec: str) -> Flow | None:
         only_overloaded="fo" in spec.split("+"),
         demand_time="fd" in spec.split("+"),
         exact_budget="fx" in spec.split("+"),
+        overloaded_step_tokens=int(values.get("fh", 0)),
     )
 
 
@@ -170,10 +173,13 @@ def install(flow: Flow) -> None:
         ceiling = self.config.budget.max_tokens
         if flow.demand_time and sizes.reserve:
             tokens = max(64, int(tokens - len(self._running) * DECODE_SHARE - realtime_tokens))
-        if flow.step_tokens and sizes.reserve:
+        step_tokens = flow.step_tokens
+        if flow.overloaded_step_tokens and self._overloaded:
+            step_tokens = flow.overloaded_step_tokens
+        if step_tokens and sizes.reserve:
             # Steps of one time, not one prefill: the lower tiers get what the decodes and the realtime
             # prompts leave of ``ft`` prompt tokens' worth of step.
-            tokens = max(64, int(flow.step_tokens - len(self._running) * DECODE_SHARE - realtime_tokens))
+            tokens = max(64, int(step_tokens - len(self._running) * DECODE_SHARE - realtime_tokens))
         share = tokens if flow.whole_chunk else math.ceil(tokens / max(1, num_lower))
         chunk = min(ceiling, max(self._prompts["realtime"].size() or 0, share))
         # The engine runs the prompts in prefill before it admits the new realtime ones, so with one
