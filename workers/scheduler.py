@@ -413,7 +413,8 @@ class TailcutPolicy(RunningTable):
         normal_room = self.normal_room_tokens()
         decodes = len(self._running)
         reserve = self.realtime_reserve_tokens
-        lower_prefill = self.current_budget(view, now_ms) - decodes - config.realtime_reserve_tokens
+        budget_room = self.current_budget(view, now_ms) - decodes - config.realtime_reserve_tokens
+        lower_prefill = budget_room
         lower_rate = self._lower_rate.update(now_ms)
         if self.adapting:
             lower_prefill = max(lower_prefill, normal_room + chunk)
@@ -444,7 +445,7 @@ class TailcutPolicy(RunningTable):
         elif self.adapting and self.overloaded(background_waiting):
             # More is sent than served: no room made for demand that cannot be met, none held for
             # prompts still to come; the budget rule's room, evenly filled.
-            lower_prefill = max(self.current_budget(view, now_ms) - decodes - config.realtime_reserve_tokens, chunk)
+            lower_prefill = max(budget_room, chunk)
             normal_room, held = 0, False
         return Room(
             ceiling=config.budget.max_tokens,

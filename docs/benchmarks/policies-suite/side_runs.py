@@ -93,7 +93,7 @@ from typing import Any
 from admission.shedding import ShedLimits
 from bench import policies
 from bench.simrun import simulate
-from bench.stats import field_of, summarize
+from bench.stats import RequestRecord, field_of, summarize
 from bench.workloads import make_trace, workload_and_cost
 from queues.keys import Tier
 from workers import scheduler as schedmod
@@ -297,13 +297,13 @@ def patch_sizes(spec: str) -> None:
             # Realtime (and background) in arrival order only, not shortest bucket first.
             schedmod._urgency = lambda request: (request.arrival_ms,)
         elif key in ("ov", "ovn", "ovb", "ovc"):
-            parts = dict(part.partition("=")[::2] for part in spec.split("+"))
+            options = dict(part.partition("=")[::2] for part in spec.split("+"))
             overload_room(
                 key,
                 int(value),
-                extra=int(parts.get("ovr", 0)),
-                chunk_tokens=int(parts.get("ovk", 0)),
-                leave=int(parts.get("ovx", int(value) // 2)),
+                extra=int(options.get("ovr", 0)),
+                chunk_tokens=int(options.get("ovk", 0)),
+                leave=int(options.get("ovx", int(value) // 2)),
             )
         elif key == "owr":
             overload_reserve_first()
@@ -1070,6 +1070,12 @@ def grid_rows(name: str, spec: str, load: float) -> None:
     )
 
 
+def records_of(job: policies.Job) -> list[RequestRecord]:
+    """Every request's record of ``job``, run on its workload's trace at its rate, seed and duration."""
+    trace = make_trace(job.workload, job.rate_rps, seed=job.seed, duration_s=job.duration_s)
+    return policies.records_of(simulate(trace, job.workload, job.config(), duration_s=job.duration_s))
+
+
 def timeline(name: str, spec: str, load: float, bin_s: int) -> None:
     """``SIDE timeline``: where in the run a variant's realtime tail comes from, beside the overload
     rule's state, background's queue, the lower tiers' room and the step time."""
@@ -1088,10 +1094,7 @@ def timeline(name: str, spec: str, load: float, bin_s: int) -> None:
     workload, cost = workload_and_cost(name, "h100-llama3-8b")
     rate_rps = load * capacities_rps()[name]
     job = policies.Job(grid_variant(spec), load, rate_rps, SEED, DURATION_S, workload, cost)
-    run = simulate(
-        make_trace(workload, rate_rps, seed=SEED, duration_s=DURATION_S), workload, job.config(), duration_s=DURATION_S
-    )
-    replies = [r for r in policies.records_of(run) if r.tier == "realtime" and r.e2e_ms is not None]
+    replies = [r for r in records_of(job) if r.tier == "realtime" and r.e2e_ms is not None]
     whole = percentile([r.e2e_ms for r in replies if r.e2e_ms is not None])
     print(f"{name} {spec} at {load:.0%}, seed {SEED}: realtime P99 E2E {whole:.0f} ms over {len(replies)} replies")
     times = [round_[0] for round_ in rounds]
@@ -1138,15 +1141,8 @@ def bursts(job: tuple[str, str, float]) -> list[str]:
     whole run (as the suite computes it) beside each bin's P99 and max, so one burst's share shows."""
     name, label, rate_rps = job
     workload, cost = workload_and_cost(name, "h100-llama3-8b")
-    variant = policy_variant(label)
-    trace = make_trace(workload, rate_rps, seed=SEED, duration_s=DURATION_S)
-    run = simulate(
-        trace,
-        workload,
-        policies.Job(variant, 0.9, rate_rps, SEED, DURATION_S, workload, cost).config(),
-        duration_s=DURATION_S,
-    )
-    ttft = [(r.sent_s, r.ttft_ms) for r in policies.records_of(run) if r.tier == "realtime" and r.ttft_ms is not None]
+    at_90 = policies.Job(policy_variant(label), 0.9, rate_rps, SEED, DURATION_S, workload, cost)
+    ttft = [(r.sent_s, r.ttft_ms) for r in records_of(at_90) if r.tier == "realtime" and r.ttft_ms is not None]
     lines = [
         f"{name} {label} seed {SEED}, {DURATION_S:g} s: realtime P99 TTFT {percentile([t for _, t in ttft]):.1f} ms"
     ]
