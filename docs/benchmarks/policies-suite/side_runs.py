@@ -56,7 +56,12 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     ``ovr=N``, ``ovk=N``, ``ovx=N`` (the overload rule's forms tried before it was built:
     ``overload_room``), ``owr`` (realtime chunks take the reserve first while overloaded), ``owt=MS``
     (the rule entered only after MS of the queue at its threshold: ``overload_after``), ``ows`` (the
-    slow-step rule's cap still holds while overloaded: ``overload_keeps_slow_steps``), ``noadapt``
+    slow-step rule's cap still holds while overloaded: ``overload_keeps_slow_steps``), ``owc`` (while
+    overloaded only the engine's chunk is the configured one, the adaptive room kept:
+    ``overload_chunk_only``; ``owm``: that room at most the budget rule's; with either, ``owk=N``:
+    the slow-step rule's cap N chunks while overloaded, ``own``: no normal room then, ``owx=N``: the
+    cap N tokens above the budget rule's room, ``owq``: the chunk then keeps realtime prompts whole),
+    ``noadapt``
     (the policy before issue 12), ``shipped`` (the policy as it ships now: since 10df589 with the
     slow-step rule on, so the sections of BENCHMARKS.md written before it ran ``shipped`` as ``sm=0``
     does now; on 8b1abc5–be00189 with the overload rule at 176, which is off by default since:
@@ -311,6 +316,15 @@ def patch_sizes(spec: str) -> None:
             overload_after(int(value))
         elif key == "ows":
             overload_keeps_slow_steps()
+        elif key in ("owc", "owm"):
+            options = dict(part.partition("=")[::2] for part in spec.split("+"))
+            overload_chunk_only(
+                capped=key == "owm",
+                slow_chunks=int(options.get("owk", 0)),
+                no_normal_room="own" in options,
+                extra=int(options.get("owx", 0)),
+                whole_realtime="owq" in options,
+            )
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
@@ -388,6 +402,55 @@ def overload_keeps_slow_steps() -> None:
 
     policy.slow_steps = slowing  # type: ignore[method-assign]
     policy.room = sizing  # type: ignore[method-assign]
+
+
+def overload_chunk_only(
+    *, capped: bool, slow_chunks: int = 0, no_normal_room: bool = False, extra: int = 0, whole_realtime: bool = False
+) -> None:
+    """Past what the worker serves (``TailcutPolicy.overloaded``), only the engine's chunk changes (to
+    the configured one): the room keeps every adaptive rule (demand term, normal room, gate, slow-step
+    cap), so the lower tiers fill it in several chunks a step where it is larger than one; ``capped``
+    (``owm``), that room at most the budget rule's (the rule's own room while overloaded);
+    ``slow_chunks`` (``owk=N``), the slow-step rule's cap then N chunks, not ``slow_step_room_chunks``;
+    ``no_normal_room`` (``own``), no room held for the normal tier then; ``extra`` (``owx=N``), the cap
+    N tokens above the budget rule's room; ``whole_realtime`` (``owq``), the chunk then the larger of the
+    configured one and the realtime prompts' quantile (as the engine computes them), so those stay whole."""
+    policy = schedmod.TailcutPolicy
+    overloaded, room, chunk = policy.overloaded, policy.room, policy.prefill_chunk_tokens
+
+    def state_only(self: Any, background_waiting: int) -> bool:
+        overloaded(self, background_waiting)
+        return False
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        if slow_chunks and self._overloaded:
+            config = self.config
+            self.config = replace(config, slow_step_room_chunks=slow_chunks)
+            try:
+                sizes = room(self, view, now_ms)
+            finally:
+                self.config = config
+        else:
+            sizes = room(self, view, now_ms)
+        if not (self._overloaded and sizes.chunk):
+            return sizes
+        if no_normal_room:
+            sizes = replace(sizes, normal_room=0)
+        if not capped:
+            return sizes
+        budget_room = self.current_budget(view, now_ms) - sizes.decodes - self.config.realtime_reserve_tokens
+        return replace(sizes, lower_prefill=min(sizes.lower_prefill, max(budget_room + extra, sizes.chunk)))
+
+    def chunking(self: Any) -> int:
+        configured = self.config.prefill_chunk_tokens
+        if not (whole_realtime and self._overloaded and configured and self.adapting):
+            return int(chunk.fget(self))  # type: ignore[attr-defined]
+        seen = self._prompts["realtime"].size() or 0
+        return max(configured, min(seen, self.config.budget.max_tokens // 2))
+
+    policy.overloaded = state_only  # type: ignore[method-assign]
+    policy.room = sizing  # type: ignore[method-assign]
+    policy.prefill_chunk_tokens = property(chunking)  # type: ignore[assignment,method-assign]
 
 
 def overload_after(dwell_ms: int) -> None:
@@ -895,6 +958,12 @@ GRID_PARTS = (
     "owr",
     "ows",
     "owt",
+    "owc",
+    "owm",
+    "owk",
+    "own",
+    "owx",
+    "owq",
 )
 
 
