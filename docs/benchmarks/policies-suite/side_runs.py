@@ -60,7 +60,8 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     overloaded only the engine's chunk is the configured one, the adaptive room kept:
     ``overload_chunk_only``; ``owm``: that room at most the budget rule's; with either, ``owk=N``:
     the slow-step rule's cap N chunks while overloaded, ``own``: no normal room then, ``owx=N``: the
-    cap N tokens above the budget rule's room, ``owq``: the chunk then keeps realtime prompts whole),
+    cap N tokens above the budget rule's room, ``owq``: the chunk then keeps realtime prompts whole,
+    ``owl``: realtime chunks beyond the configured reserve then do not count against the room),
     ``noadapt``
     (the policy before issue 12), ``shipped`` (the policy as it ships now: since 10df589 with the
     slow-step rule on, so the sections of BENCHMARKS.md written before it ran ``shipped`` as ``sm=0``
@@ -324,6 +325,7 @@ def patch_sizes(spec: str) -> None:
                 no_normal_room="own" in options,
                 extra=int(options.get("owx", 0)),
                 whole_realtime="owq" in options,
+                lend_beyond_reserve="owl" in options,
             )
         elif key == "tb":
             parts = spec.split("+")
@@ -405,7 +407,13 @@ def overload_keeps_slow_steps() -> None:
 
 
 def overload_chunk_only(
-    *, capped: bool, slow_chunks: int = 0, no_normal_room: bool = False, extra: int = 0, whole_realtime: bool = False
+    *,
+    capped: bool,
+    slow_chunks: int = 0,
+    no_normal_room: bool = False,
+    extra: int = 0,
+    whole_realtime: bool = False,
+    lend_beyond_reserve: bool = False,
 ) -> None:
     """Past what the worker serves (``TailcutPolicy.overloaded``), only the engine's chunk changes (to
     the configured one): the room keeps every adaptive rule (demand term, normal room, gate, slow-step
@@ -414,7 +422,9 @@ def overload_chunk_only(
     ``slow_chunks`` (``owk=N``), the slow-step rule's cap then N chunks, not ``slow_step_room_chunks``;
     ``no_normal_room`` (``own``), no room held for the normal tier then; ``extra`` (``owx=N``), the cap
     N tokens above the budget rule's room; ``whole_realtime`` (``owq``), the chunk then the larger of the
-    configured one and the realtime prompts' quantile (as the engine computes them), so those stay whole."""
+    configured one and the realtime prompts' quantile (as the engine computes them), so those stay whole;
+    ``lend_beyond_reserve`` (``owl``), realtime chunks in flight beyond the configured reserve then do not
+    count against the lower tiers' room (the step grows for them, as it does past the budget)."""
     policy = schedmod.TailcutPolicy
     overloaded, room, chunk = policy.overloaded, policy.room, policy.prefill_chunk_tokens
 
@@ -451,6 +461,26 @@ def overload_chunk_only(
     policy.overloaded = state_only  # type: ignore[method-assign]
     policy.room = sizing  # type: ignore[method-assign]
     policy.prefill_chunk_tokens = property(chunking)  # type: ignore[assignment,method-assign]
+    if lend_beyond_reserve:
+        lower_spent = schedmod.Room.lower_spent
+
+        def spending(room: Any, spent: Any) -> int:
+            used = int(lower_spent(room, spent))
+            if not LENDING["over"]:
+                return used
+            return used - max(0, spent.chunks["realtime"] - LENDING["reserve"])
+
+        def marking(self: Any, view: Any, now_ms: int) -> Any:
+            sizes = sizing(self, view, now_ms)
+            LENDING["over"], LENDING["reserve"] = bool(self._overloaded), self.config.realtime_reserve_tokens
+            return sizes
+
+        schedmod.Room.lower_spent = spending  # type: ignore[method-assign]
+        policy.room = marking  # type: ignore[method-assign]
+
+
+# ``owl``: whether this round is past what the worker serves, and the configured reserve (one process per run).
+LENDING: dict[str, Any] = {"over": False, "reserve": 0}
 
 
 def overload_after(dwell_ms: int) -> None:
@@ -964,6 +994,7 @@ GRID_PARTS = (
     "own",
     "owx",
     "owq",
+    "owl",
 )
 
 
