@@ -92,7 +92,7 @@ import os
 import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +250,7 @@ SEED_MIX_BEFORE = {
 def patch_sizes(spec: str) -> None:
     """Patch ``workers.scheduler`` for one grid variant (in the forked process that runs it)."""
     policy = schedmod.TailcutPolicy
+    options = dict(part.partition("=")[::2] for part in spec.split("+"))
     for part in spec.split("+"):
         key, _, value = part.partition("=")
         if key == "nr":
@@ -303,7 +304,6 @@ def patch_sizes(spec: str) -> None:
             # Realtime (and background) in arrival order only, not shortest bucket first.
             schedmod._urgency = lambda request: (request.arrival_ms,)
         elif key in ("ov", "ovn", "ovb", "ovc"):
-            options = dict(part.partition("=")[::2] for part in spec.split("+"))
             overload_room(
                 key,
                 int(value),
@@ -318,7 +318,6 @@ def patch_sizes(spec: str) -> None:
         elif key == "ows":
             overload_keeps_slow_steps()
         elif key in ("owc", "owm"):
-            options = dict(part.partition("=")[::2] for part in spec.split("+"))
             overload_chunk_only(
                 capped=key == "owm",
                 slow_chunks=int(options.get("owk", 0)),
@@ -330,6 +329,12 @@ def patch_sizes(spec: str) -> None:
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
+
+
+def budget_room(policy: Any, view: Any, now_ms: int) -> int:
+    """What the budget rule leaves above the running decodes and the configured reserve (the room
+    ``TailcutPolicy.room`` starts from, and the shipped overload rule's)."""
+    return int(policy.current_budget(view, now_ms) - len(policy._running) - policy.config.realtime_reserve_tokens)
 
 
 def overload_room(kind: str, threshold: int, *, extra: int, chunk_tokens: int, leave: int) -> None:
@@ -360,9 +365,7 @@ def overload_room(kind: str, threshold: int, *, extra: int, chunk_tokens: int, l
             return sizes
         if kind == "ovn":
             return replace(sizes, normal_room=0)
-        config = self.config
-        lower = self.current_budget(view, now_ms) - sizes.decodes - config.realtime_reserve_tokens
-        lower = max(lower + extra, sizes.chunk)
+        lower = max(budget_room(self, view, now_ms) + extra, sizes.chunk)
         if kind == "ovb" and sizes.background_held:
             lower = min(lower, sizes.lower_prefill)
         return replace(sizes, lower_prefill=lower, normal_room=0, background_held=False, at_ceiling=False)
@@ -446,41 +449,36 @@ def overload_chunk_only(
             return sizes
         if no_normal_room:
             sizes = replace(sizes, normal_room=0)
-        if not capped:
-            return sizes
-        budget_room = self.current_budget(view, now_ms) - sizes.decodes - self.config.realtime_reserve_tokens
-        return replace(sizes, lower_prefill=min(sizes.lower_prefill, max(budget_room + extra, sizes.chunk)))
+        if capped:
+            cap = max(budget_room(self, view, now_ms) + extra, sizes.chunk)
+            sizes = replace(sizes, lower_prefill=min(sizes.lower_prefill, cap))
+        if lend_beyond_reserve:
+            values = {field.name: getattr(sizes, field.name) for field in fields(sizes)}
+            return LendingRoom(**values, lend_beyond=self.config.realtime_reserve_tokens)
+        return sizes
 
     def chunking(self: Any) -> int:
         configured = self.config.prefill_chunk_tokens
         if not (whole_realtime and self._overloaded and configured and self.adapting):
             return int(chunk.fget(self))  # type: ignore[attr-defined]
         seen = self._prompts["realtime"].size() or 0
-        return max(configured, min(seen, self.config.budget.max_tokens // 2))
+        return int(max(configured, min(seen, self.config.budget.max_tokens // 2)))
 
     policy.overloaded = state_only  # type: ignore[method-assign]
     policy.room = sizing  # type: ignore[method-assign]
     policy.prefill_chunk_tokens = property(chunking)  # type: ignore[assignment,method-assign]
-    if lend_beyond_reserve:
-        lower_spent = schedmod.Room.lower_spent
-
-        def spending(room: Any, spent: Any) -> int:
-            used = int(lower_spent(room, spent))
-            if not LENDING["over"]:
-                return used
-            return used - max(0, spent.chunks["realtime"] - LENDING["reserve"])
-
-        def marking(self: Any, view: Any, now_ms: int) -> Any:
-            sizes = sizing(self, view, now_ms)
-            LENDING["over"], LENDING["reserve"] = bool(self._overloaded), self.config.realtime_reserve_tokens
-            return sizes
-
-        schedmod.Room.lower_spent = spending  # type: ignore[method-assign]
-        policy.room = marking  # type: ignore[method-assign]
 
 
-# ``owl``: whether this round is past what the worker serves, and the configured reserve (one process per run).
-LENDING: dict[str, Any] = {"over": False, "reserve": 0}
+@dataclass(frozen=True, slots=True)
+class LendingRoom(schedmod.Room):
+    """``owl``'s room past what the worker serves: realtime chunks in flight beyond ``lend_beyond``
+    tokens do not count against the lower tiers' room."""
+
+    lend_beyond: int = 0
+
+    def lower_spent(self, spent: Any) -> int:
+        lent = max(0, int(spent.chunks["realtime"]) - self.lend_beyond)
+        return int(schedmod.Room.lower_spent(self, spent)) - lent
 
 
 def overload_after(dwell_ms: int) -> None:
@@ -1194,12 +1192,12 @@ def timeline(name: str, spec: str, load: float, bin_s: int) -> None:
     workload, cost = workload_and_cost(name, "h100-llama3-8b")
     rate_rps = load * capacities_rps()[name]
     job = policies.Job(grid_variant(spec), load, rate_rps, SEED, DURATION_S, workload, cost)
-    replies = [r for r in records_of(job) if r.tier == "realtime" and r.e2e_ms is not None]
-    whole = percentile([r.e2e_ms for r in replies if r.e2e_ms is not None])
+    replies = [(r.sent_s, r.e2e_ms) for r in records_of(job) if r.tier == "realtime" and r.e2e_ms is not None]
+    whole = percentile([e2e_ms for _, e2e_ms in replies])
     print(f"{name} {spec} at {load:.0%}, seed {SEED}: realtime P99 E2E {whole:.0f} ms over {len(replies)} replies")
     times = [round_[0] for round_ in rounds]
     for start in range(0, int(DURATION_S) + 2 * bin_s, bin_s):
-        e2e = [r.e2e_ms for r in replies if r.e2e_ms is not None and start <= r.sent_s < start + bin_s]
+        e2e = [e2e_ms for sent_s, e2e_ms in replies if start <= sent_s < start + bin_s]
         lo, hi = bisect.bisect_left(times, start * 1000), bisect.bisect_left(times, (start + bin_s) * 1000)
         mine = rounds[lo:hi]
         if not e2e and not mine:

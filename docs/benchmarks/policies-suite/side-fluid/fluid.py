@@ -70,6 +70,7 @@ class Flow:
 
 def flow_of(spec: str) -> Flow | None:
     values = {key: value for key, _, value in (part.partition("=") for part in spec.split("+")) if key in PARTS}
+    flags = set(spec.split("+"))
     if "fluid" not in values and "fc" not in values and "ft" not in values:
         return None
     return Flow(
@@ -79,11 +80,11 @@ def flow_of(spec: str) -> Flow | None:
         max_lower=int(values.get("fn", 3)),
         max_background=int(values.get("fb", 2)),
         constant=int(values.get("fc", 0)),
-        whole_chunk="ff" in spec.split("+"),
+        whole_chunk="ff" in flags,
         step_tokens=int(values.get("ft", 0)),
-        only_overloaded="fo" in spec.split("+"),
-        demand_time="fd" in spec.split("+"),
-        exact_budget="fx" in spec.split("+"),
+        only_overloaded="fo" in flags,
+        demand_time="fd" in flags,
+        exact_budget="fx" in flags,
         overloaded_step_tokens=int(values.get("fh", 0)),
     )
 
