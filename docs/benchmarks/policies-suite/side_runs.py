@@ -62,6 +62,8 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     the slow-step rule's cap N chunks while overloaded, ``own``: no normal room then, ``owx=N``: the
     cap N tokens above the budget rule's room, ``owq``: the chunk then keeps realtime prompts whole,
     ``owl``: realtime chunks beyond the configured reserve then do not count against the room),
+    ``slo=MS`` with ``slq``, ``slk``, ``slg``, ``slp``, ``sll``, ``sl0``, ``slc`` (a size learned from
+    the realtime replies against a configured E2E objective of MS: ``slo_controlled_room``),
     ``noadapt``
     (the policy before issue 12), ``shipped`` (the policy as it ships now: since 10df589 with the
     slow-step rule on, so the sections of BENCHMARKS.md written before it ran ``shipped`` as ``sm=0``
@@ -326,6 +328,17 @@ def patch_sizes(spec: str) -> None:
                 whole_realtime="owq" in options,
                 lend_beyond_reserve="owl" in options,
             )
+        elif key == "slo":
+            slo_controlled_room(
+                float(value),
+                float(options.get("slq", 0.005)),
+                float(options.get("slk", 1.0)),
+                int(options.get("slg", 176)),
+                project=float(options.get("slp", 0.0)),
+                start=float(options.get("sl0", 0.0)),
+                control_only="slc" in options,
+                long_share=float(options.get("sll", 0.0)),
+            )
         elif key == "tb":
             parts = spec.split("+")
             token_bucket(float(value), normal_waits="tbn" in parts, cut_ins_wait="tbo" in parts)
@@ -467,6 +480,96 @@ def overload_chunk_only(
     policy.overloaded = state_only  # type: ignore[method-assign]
     policy.room = sizing  # type: ignore[method-assign]
     policy.prefill_chunk_tokens = property(chunking)  # type: ignore[assignment,method-assign]
+
+
+def slo_controlled_room(
+    slo_ms: float,
+    miss_share: float,
+    gain: float,
+    gate: int,
+    *,
+    project: float = 0.0,
+    long_share: float = 0.0,
+    start: float = 0.0,
+    control_only: bool = False,
+) -> None:
+    """``slo=MS``: a worker told its operator's realtime E2E objective (MS: a setting of the worker,
+    never the workload's table) spends what its realtime replies leave of it on the lower tiers. A
+    size is learned from the realtime replies that finish: ``gain`` tokens up (``slk=G``, default 1)
+    for each that met MS, ``gain · (1 − q) / q`` down for each that did not, so the share that misses
+    settles at ``q`` (``slq=Q``, default 0.005). A reply met MS if its E2E (the scheduler's clock at
+    the next round, minus its enqueue time) was within it; with ``slp=P``, if its TTFT plus its own
+    pace per token times the ``P`` quantile of the last 1,000 realtime replies' lengths (the longest
+    replies, which are the ones that miss) was, and with ``sll=F`` only replies at least ``F`` times
+    that length count. The size acts, and learns, only while ``gate`` (``slg=N``, default 176) or more
+    background requests wait, until half as many do; it starts at ``sl0=N`` (default 0). It is added
+    to the lower tiers' prefill room, or with ``slc`` it is only learned, for ``side-fluid/fluid.py``'s
+    ``fh=-1`` (steps of that many tokens' time past what the worker serves)."""
+    policy = schedmod.TailcutPolicy
+    room, finish, schedule = policy.room, policy.finish, policy.schedule
+    advance, prefilled = policy.advance, policy.prefilled
+    step_down = gain * (1 - miss_share) / miss_share
+
+    def advancing(self: Any, request_id: str, num_generated: int) -> None:
+        generated = self.__dict__.setdefault("side_generated", {})
+        generated[request_id] = generated.get(request_id, 0) + num_generated
+        advance(self, request_id, num_generated)
+
+    def first_token(self: Any, request_id: str) -> None:
+        self.__dict__.setdefault("side_first", {}).setdefault(request_id, self.__dict__.get("side_now", 0))
+        prefilled(self, request_id)
+
+    def finishing(self: Any, request_id: str, request: Any = None) -> None:
+        running = self._running.get(request_id)
+        num = self.__dict__.get("side_generated", {}).pop(request_id, 0)
+        first = self.__dict__.get("side_first", {}).pop(request_id, None)
+        if running is not None and running.tier == "realtime" and (request is None or running is request):
+            self.__dict__.setdefault("side_done", []).append((running.arrival_ms, first, num))
+        finish(self, request_id, request)
+
+    def projected_miss(self: Any, now_ms: int, arrival_ms: int, first: Any, num: int) -> bool | None:
+        if not project or first is None or num < 2:
+            return bool(now_ms - arrival_ms > slo_ms)
+        window = self.__dict__.setdefault("side_lengths", [[], []])  # arrival order, sorted
+        window[0].append(num)
+        bisect.insort(window[1], num)
+        if len(window[0]) > 1000:
+            del window[1][bisect.bisect_left(window[1], window[0].pop(0))]
+        longest = window[1][min(len(window[1]) - 1, int(project * len(window[1])))]
+        if num < long_share * longest:
+            return None  # too short a life to say how the longest replies fare
+        pace = (now_ms - first) / (num - 1)
+        return bool(first - arrival_ms + pace * (max(longest, num) - 1) > slo_ms)
+
+    def scheduling(self: Any, view: Any, now_ms: int) -> Any:
+        self.side_now = now_ms
+        done, self.side_done = self.__dict__.get("side_done", []), []
+        if self.__dict__.get("side_gated", False):
+            extra = self.__dict__.get("side_extra", start)
+            for arrival_ms, first, num in done:
+                missed = projected_miss(self, now_ms, arrival_ms, first, num)
+                if missed is not None:
+                    extra += -step_down if missed else gain
+            self.side_extra = min(max(extra, 0.0), float(self.config.budget.max_tokens))
+        return schedule(self, view, now_ms)
+
+    def sizing(self: Any, view: Any, now_ms: int) -> Any:
+        sizes = room(self, view, now_ms)
+        waiting = background_waiting(self, view)
+        gated = self.__dict__.get("side_gated", False)
+        gated = (waiting >= gate) if not gated else waiting > gate // 2
+        self.side_gated = gated
+        extra = int(self.__dict__.get("side_extra", start))
+        if control_only or not (gated and extra and sizes.chunk and self.adapting):
+            return sizes
+        most = sizes.ceiling - sizes.decodes - sizes.reserve
+        return replace(sizes, lower_prefill=max(sizes.lower_prefill, min(sizes.lower_prefill + extra, most)))
+
+    policy.finish = finishing  # type: ignore[method-assign]
+    policy.advance = advancing  # type: ignore[method-assign]
+    policy.prefilled = first_token  # type: ignore[method-assign]
+    policy.schedule = scheduling  # type: ignore[method-assign]
+    policy.room = sizing  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True, slots=True)
@@ -993,6 +1096,14 @@ GRID_PARTS = (
     "owx",
     "owq",
     "owl",
+    "slo",
+    "slq",
+    "slk",
+    "slg",
+    "slp",
+    "sl0",
+    "slc",
+    "sll",
 )
 
 
