@@ -105,7 +105,7 @@ from bench.stats import RequestRecord, field_of, summarize
 from bench.workloads import make_trace, workload_and_cost
 from queues.keys import Tier
 from workers import scheduler as schedmod
-from workers.budget import PrefillRate, TimeAverage
+from workers.budget import PrefillRate, PromptLengths, TimeAverage
 from workers.engines import sim as simmod
 
 # The suite run whose traces, capacities and baselines the side runs use: this folder's (seed 0, 120
@@ -350,6 +350,11 @@ def budget_room(policy: Any, view: Any, now_ms: int) -> int:
     return int(policy.current_budget(view, now_ms) - len(policy._running) - policy.config.realtime_reserve_tokens)
 
 
+def past(was: bool, waiting: int, enter: int, leave: int) -> bool:
+    """A gate with hysteresis: open from ``enter`` background requests waiting until ``leave`` or fewer do."""
+    return waiting > leave if was else waiting >= enter
+
+
 def overload_room(kind: str, threshold: int, *, extra: int, chunk_tokens: int, leave: int) -> None:
     """While ``threshold`` or more background requests wait (until ``ovx=N``, by default half as many,
     do), the worker is taken to be past what it serves: ``ov``, the room is the budget rule's alone (no normal room, no
@@ -371,9 +376,7 @@ def overload_room(kind: str, threshold: int, *, extra: int, chunk_tokens: int, l
     def sizing(self: Any, view: Any, now_ms: int) -> Any:
         sizes = room(self, view, now_ms)
         waiting = background_waiting(self, view)
-        over = self.__dict__.get("side_over", False)
-        over = waiting >= threshold if not over else waiting > leave
-        self.side_over = over
+        over = self.side_over = past(self.__dict__.get("side_over", False), waiting, threshold, leave)
         if not over or not self.adapting or not sizes.chunk:
             return sizes
         if kind == "ovn":
@@ -530,12 +533,13 @@ def slo_controlled_room(
     def projected_miss(self: Any, now_ms: int, arrival_ms: int, first: Any, num: int) -> bool | None:
         if not project or first is None or num < 2:
             return bool(now_ms - arrival_ms > slo_ms)
-        window = self.__dict__.setdefault("side_lengths", [[], []])  # arrival order, sorted
-        window[0].append(num)
-        bisect.insort(window[1], num)
-        if len(window[0]) > 1000:
-            del window[1][bisect.bisect_left(window[1], window[0].pop(0))]
-        longest = window[1][min(len(window[1]) - 1, int(project * len(window[1])))]
+        lengths = self.__dict__.get("side_lengths")
+        if lengths is None:  # the replies' lengths, exactly (no blocks, no hysteresis)
+            lengths = self.side_lengths = PromptLengths(
+                window=1000, quantile=project, grain=1, min_samples=1, shrink_tokens=1
+            )
+        lengths.observe(num)
+        longest = lengths.size() or num
         if num < long_share * longest:
             return None  # too short a life to say how the longest replies fare
         pace = (now_ms - first) / (num - 1)
@@ -545,7 +549,7 @@ def slo_controlled_room(
         self.side_now = now_ms
         done, self.side_done = self.__dict__.get("side_done", []), []
         if self.__dict__.get("side_gated", False):
-            extra = self.__dict__.get("side_extra", start)
+            extra = self.side_extra
             for arrival_ms, first, num in done:
                 missed = projected_miss(self, now_ms, arrival_ms, first, num)
                 if missed is not None:
@@ -555,11 +559,10 @@ def slo_controlled_room(
 
     def sizing(self: Any, view: Any, now_ms: int) -> Any:
         sizes = room(self, view, now_ms)
-        waiting = background_waiting(self, view)
-        gated = self.__dict__.get("side_gated", False)
-        gated = (waiting >= gate) if not gated else waiting > gate // 2
-        self.side_gated = gated
-        extra = int(self.__dict__.get("side_extra", start))
+        gated = self.side_gated = past(
+            self.__dict__.get("side_gated", False), background_waiting(self, view), gate, gate // 2
+        )
+        extra = int(self.__dict__.setdefault("side_extra", start))
         if control_only or not (gated and extra and sizes.chunk and self.adapting):
             return sizes
         most = sizes.ceiling - sizes.decodes - sizes.reserve

@@ -21,7 +21,7 @@ time: they get what the step's decodes (``DECODE_SHARE`` of a prompt token each)
 leave of C tokens; ``ff``, the engine's chunk is the whole of ``L`` instead of its share per prompt (the
 step's budget then cuts what the next prompt gets, so a step stays full when a prompt ends in it);
 ``fh=C``, steps of C tokens' time instead of ``ft``'s past what the worker serves (with ``ow=N``;
-``fh=-1``: C is what ``side_runs.py``'s ``slo`` part learned, 600 until it has learned);
+``fh=-1``: C is what ``side_runs.py``'s ``slo`` part learned, from its ``sl0=N``);
 ``fo``, the flow only past what the worker serves (``TailcutPolicy.overloaded``, with ``ow=N``), the
 shipped policy otherwise; ``fd``, steps of one time at the demand: the flow's ``L`` plus the step's
 decodes and realtime prompts, smoothed over ``fw``, is the step's whole time, and the lower tiers get
@@ -179,8 +179,7 @@ def install(flow: Flow) -> None:
         if flow.overloaded_step_tokens and self._overloaded:
             step_tokens = flow.overloaded_step_tokens
             if step_tokens < 0:  # ``fh=-1``: the size ``side_runs.py``'s ``slo`` part learned
-                learned = self.__dict__.get("side_extra")
-                step_tokens = 600 if learned is None else max(1, int(learned))
+                step_tokens = max(1, int(self.side_extra))
         if step_tokens and sizes.reserve:
             # Steps of one time, not one prefill: the lower tiers get what the decodes and the realtime
             # prompts leave of ``ft`` prompt tokens' worth of step.
