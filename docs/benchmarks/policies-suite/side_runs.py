@@ -47,7 +47,12 @@ instead). Run from the repository root as ``.venv/bin/python docs/benchmarks/pol
     backlog drained over MS: ``drain_normal``), ``rv=N`` (``realtime_reserve_tokens``), ``slice=N``
     (``slice_tokens``), ``ka=MS`` (the prefix keep-alive's ``ttl_ms``, 0: none), ``kvr=KIND``
     (``kv_reservation``), ``rtfifo`` (realtime and background waiting in arrival order, not shortest
-    bucket first), ``nbq`` / ``nbqp`` (with no background traffic, realtime prefill takes the reserve first; ``nbqp``:
+    bucket first), ``bgsp`` / ``bgsq`` / ``bgpo`` (background shortest prompt first; the same with the
+    backlog counted as that order drains it; least engine time per expected output token first:
+    ``background_order``), ``ci=N`` (``max_cut_ins``), ``scf=F`` with ``scq=Q`` (past F of background's
+    waiting bound, a prompt longer than the Q quantile of the last 1,000 background prompts is refused:
+    ``selective_shedding``), ``nbq`` / ``nbqp`` (with no background traffic, realtime prefill takes the
+    reserve first; ``nbqp``:
     and a realtime request short of a slot preempts running normal ones: ``without_background``),
     ``ntb`` (a normal prompt waiting for room preempts background prompts in prefill:
     ``normal_takes_background_prefill``; ``ntbu``, ``ntbw=MS``, ``ntbh``: the same with a condition,
@@ -305,6 +310,10 @@ def patch_sizes(spec: str) -> None:
         elif key == "rtfifo":
             # Realtime (and background) in arrival order only, not shortest bucket first.
             schedmod._urgency = lambda request: (request.arrival_ms,)
+        elif key in ("bgsp", "bgpo", "bgsq"):
+            background_order(key)
+        elif key == "scf":
+            selective_shedding(float(value), quantile=float(options.get("scq", 0.5)))
         elif key in ("ov", "ovn", "ovb", "ovc"):
             overload_room(
                 key,
@@ -387,6 +396,62 @@ def overload_room(kind: str, threshold: int, *, extra: int, chunk_tokens: int, l
         return replace(sizes, lower_prefill=lower, normal_room=0, background_held=False, at_ceiling=False)
 
     policy.room = sizing  # type: ignore[method-assign]
+
+
+def background_order(kind: str) -> None:
+    """Background waits shortest prompt first (``bgsp``) or least engine time per output token first
+    (``bgpo``: the prompt at 17.25 µs a token and the output at 6, over the output the worker expects),
+    arrival order among equals; realtime keeps shortest bucket first."""
+    plain = schedmod._urgency
+
+    def urgency(request: Any) -> tuple[int, ...]:
+        if request.tier != "background":
+            return plain(request)
+        if kind in ("bgsp", "bgsq"):
+            return (schedmod.BUCKET_RANK[request.bucket], request.prompt_tokens, request.arrival_ms)
+        expected = request.predicted_remaining_tokens or request.remaining_tokens
+        per_token = (1725 * request.prompt_tokens + 600 * max(1, expected)) // max(1, expected)
+        return (schedmod.BUCKET_RANK[request.bucket], per_token, request.arrival_ms)
+
+    schedmod._urgency = urgency
+    if kind != "bgsq":
+        return
+
+    def queued_tokens(self: Any, here: list[Any], num_elsewhere: int) -> int:
+        # The backlog as the shortest first will drain it: the requests admitted next, not the
+        # longest ones the order leaves waiting.
+        if not here:
+            return 0
+        counted = min(len(here) + num_elsewhere, self.config.backlog_max_requests)
+        lengths = sorted(request.prompt_tokens for request in here)
+        first = sum(lengths[:counted])
+        return first + max(0, counted - len(lengths)) * sum(lengths) // len(lengths)
+
+    schedmod.TailcutPolicy._queued_tokens = queued_tokens  # type: ignore[method-assign]
+
+
+def selective_shedding(share: float, *, quantile: float) -> None:
+    """Past ``share`` of background's waiting bound, a background request whose prompt is longer than
+    the ``quantile`` of the last 1,000 background prompts that came is refused (429) as at the bound:
+    near the bound the costliest prompts go first, the cheap ones keep coming in."""
+    from admission import admitter as admod
+    from tailcut.errors import OverloadedError
+
+    plain = admod.Admitter.admit_tokens
+    lengths = PromptLengths(window=1000, quantile=quantile, grain=1, min_samples=1, shrink_tokens=1)
+
+    def admit_tokens(self: Any, request: Any, **kwargs: Any) -> Any:
+        tier = self.tier_of(request)
+        depth, limit = self._queue_depth, self.config.shed.limit("background")
+        if tier == "background" and depth is not None and limit > 0:
+            prompt = len(request.prompt.token_ids)
+            lengths.observe(prompt)
+            cut = lengths.size()
+            if depth.waiting(tier) >= share * limit and cut is not None and prompt > cut:
+                raise OverloadedError("background queue near its bound; a costly prompt", tier=tier, retry_after_s=1)
+        return plain(self, request, **kwargs)
+
+    admod.Admitter.admit_tokens = admit_tokens  # type: ignore[method-assign]
 
 
 def overload_reserve_first() -> None:
@@ -1078,6 +1143,11 @@ GRID_PARTS = (
     "rtrc",
     "uw",
     "rtfifo",
+    "bgsp",
+    "bgpo",
+    "bgsq",
+    "scf",
+    "scq",
     "ntbh",
     "ntbu",
     "ntbw",
@@ -1131,6 +1201,8 @@ def grid_variant(spec: str) -> policies.Variant:
             scheduler = replace(scheduler, kv_reservation=value)  # type: ignore[arg-type]
         elif key == "rv":
             scheduler = replace(scheduler, realtime_reserve_tokens=int(value))
+        elif key == "ci":
+            scheduler = replace(scheduler, max_cut_ins=int(value))
         elif key == "bf":
             scheduler = replace(scheduler, budget=replace(scheduler.budget, min_tokens=int(value)))
         elif key == "shed":
