@@ -7,7 +7,8 @@ background / vllm-priority at 100% X, realtime attainment at 100% X, realtime at
 This collects those of the suite's seed-0 360-second trace (``policies-suite-360s-capacity-30k/seed0``,
 named by the command or heading above each line; a file that does not name its trace is skipped) and
 plots background at 100% against the lower of the two realtime attainments, each point marked by
-whether the variant meets seed-mix's 90% targets too. The box is what WORKLOADS.md asks at 100 and 120%.
+whether the line's list of missed targets names any of seed-mix's besides the three of the box (what
+WORKLOADS.md asks at 100 and 120%).
 From the repository root::
 
     .venv/bin/python docs/benchmarks/policies-suite/frontier.py docs/benchmarks/policies-suite/frontier
@@ -42,24 +43,44 @@ FIGURES = {
 }
 
 
+# seed-mix's targets a variant may miss and still count as keeping the others: the box's three.
+BOX_TARGETS = frozenset(
+    {
+        "100%: background throughput, tailcut / vllm-priority",
+        "100%: realtime attainment, tailcut",
+        "120%: realtime attainment, tailcut",
+    }
+)
+
+
 @dataclass(frozen=True)
 class Point:
     source: str
     variant: str
     figures: dict[str, float]
+    missed: frozenset[str]  # seed-mix's targets the line says were missed (``bench.policies`` names)
 
     @property
     def attainment(self) -> float:
         return min(self.figures["att100"], self.figures["att120"])
 
     @property
-    def meets_90(self) -> bool:
-        f = self.figures
-        return f["ttft90"] <= 0.25 and f["tail90"] <= 1.10 and f["bg90"] >= 0.95 and f["e2e100"] <= 0.90
+    def meets_others(self) -> bool:
+        """Every seed-mix target but (perhaps) the box's three."""
+        return self.missed <= BOX_TARGETS
 
     @property
     def meets_all(self) -> bool:
-        return self.meets_90 and self.figures["bg100"] >= 0.95 and self.attainment >= 0.99
+        return not self.missed
+
+
+def seed_mix_missed(line: str) -> frozenset[str]:
+    """The targets the line's ``missed:`` list names for seed-mix (``seed-mix 100%: NAME = X; ...``)."""
+    listed = line.split("missed: ", 1)[1].split(" ; ", 1)[0]
+    items = (item.strip() for item in listed.split("; "))
+    return frozenset(
+        item.removeprefix("seed-mix ").rsplit(" = ", 1)[0] for item in items if item.startswith("seed-mix ")
+    )
 
 
 def points_of(path: Path) -> list[Point]:
@@ -85,7 +106,8 @@ def points_of(path: Path) -> list[Point]:
             if match:
                 figures[key] = float(match.group(1))
         if len(figures) == len(FIGURES):
-            found.append(Point(str(path.relative_to(HERE)), line.split(":", 1)[0], figures))
+            variant = line.split(":", 1)[0]
+            found.append(Point(str(path.relative_to(HERE)), variant, figures, seed_mix_missed(line)))
     return found
 
 
@@ -99,11 +121,11 @@ def main(prefix: str) -> None:
         f"{len(ordered)} variants on seed-mix's seed-0 360-s trace (repeats once); columns: background / "
         "vllm-priority at 100%, min realtime attainment at 100 / 120%, realtime P99 E2E / floor at 90%, "
         "background / fifo at 90%, realtime P99 TTFT / fifo at 90%, meets: 'all' every seed-mix target, "
-        "'90' the 90% ones and E2E at 100%, '-' not those",
+        "'90' every one but the box's three, '-' not those",
     ]
     for point in ordered:
         f = point.figures
-        meets = "all" if point.meets_all else "90" if point.meets_90 else "-"
+        meets = "all" if point.meets_all else "90" if point.meets_others else "-"
         lines.append(
             f"{f['bg100']:.4f} {point.attainment:.4f} {f['tail90']:.3f} {f['bg90']:.3f} {f['ttft90']:.3f} "
             f"{meets:>3}  {point.variant}  ({point.source})"
@@ -112,8 +134,8 @@ def main(prefix: str) -> None:
 
     figure, axes = plt.subplots(figsize=(8, 5.5))
     for label, chosen, style in (
-        ("misses a 90% target", [p for p in ordered if not p.meets_90], dict(marker="x", color="0.6")),
-        ("meets the 90% targets", [p for p in ordered if p.meets_90], dict(marker="o", color="tab:blue")),
+        ("misses another target", [p for p in ordered if not p.meets_others], dict(marker="x", color="0.6")),
+        ("meets every other target", [p for p in ordered if p.meets_others], dict(marker="o", color="tab:blue")),
         ("meets all 14", [p for p in ordered if p.meets_all], dict(marker="*", color="tab:red", s=140)),
     ):
         xs, ys = [p.figures["bg100"] for p in chosen], [100 * p.attainment for p in chosen]

@@ -112,6 +112,7 @@ from queues.keys import Tier
 from workers import scheduler as schedmod
 from workers.budget import PrefillRate, PromptLengths, TimeAverage
 from workers.engines import sim as simmod
+from workers.engines.costmodel import PROFILES
 
 # The suite run whose traces, capacities and baselines the side runs use: this folder's (seed 0, 120
 # virtual s) unless ``SIDE_SUITE`` names another ``suite.json`` (its seed and duration are used too).
@@ -400,9 +401,11 @@ def overload_room(kind: str, threshold: int, *, extra: int, chunk_tokens: int, l
 
 def background_order(kind: str) -> None:
     """Background waits shortest prompt first (``bgsp``) or least engine time per output token first
-    (``bgpo``: the prompt at 17.25 µs a token and the output at 6, over the output the worker expects),
-    arrival order among equals; realtime keeps shortest bucket first."""
+    (``bgpo``: the prompt and the output the worker expects at the grid's cost model, in hundredths of a
+    µs), arrival order among equals; realtime keeps shortest bucket first."""
     plain = schedmod._urgency
+    cost = PROFILES["h100-llama3-8b"]  # the profile grid_report runs
+    prompt_us, output_us = round(100 * cost.prefill_token_us), round(100 * cost.decode_seq_us)
 
     def urgency(request: Any) -> tuple[int, ...]:
         if request.tier != "background":
@@ -410,7 +413,7 @@ def background_order(kind: str) -> None:
         if kind in ("bgsp", "bgsq"):
             return (schedmod.BUCKET_RANK[request.bucket], request.prompt_tokens, request.arrival_ms)
         expected = request.predicted_remaining_tokens or request.remaining_tokens
-        per_token = (1725 * request.prompt_tokens + 600 * max(1, expected)) // max(1, expected)
+        per_token = (prompt_us * request.prompt_tokens + output_us * max(1, expected)) // max(1, expected)
         return (schedmod.BUCKET_RANK[request.bucket], per_token, request.arrival_ms)
 
     schedmod._urgency = urgency
